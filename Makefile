@@ -1,0 +1,60 @@
+# The README's commands. Each target does its own set-up on a machine that has only Python 3.11+.
+#   make demo     run examples/cartpole.yaml as a local cluster (train ranks + eval workers)
+#   make test     install with the dev extra and run the whole test suite
+#   make cluster  start the API emulator and the operator, print the KUBECONFIG to export
+#   make lint     ruff, import layers, yamllint, shellcheck, hadolint
+#   make generate regenerate crds/, the chart's CRD copy, docs/rljob-reference.md and runtime/rlkube/_proto
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU wheel. On a machine without the local wheel, point TORCH_PIP_ARGS at the CPU index:
+#   make test TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+DEMO_JOB ?= examples/cartpole.yaml
+DEMO_ARGS ?= --nodes 2 --summary runs/demo-summary.json
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint generate cluster bench clean
+
+$(VENV)/.base: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rlkube needs Python 3.11 or newer")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PY) -c 'import torch' 2>/dev/null || $(PIP) install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.base
+	$(PIP) install --quiet -e ".[dev]"
+	$(PY) scripts/install_helm.py --venv $(VENV)
+	touch $@
+
+demo: $(VENV)/.base
+	$(VENV)/bin/rlkube run $(DEMO_JOB) $(DEMO_ARGS)
+
+test: $(VENV)/.dev
+	$(MAKE) --no-print-directory lint
+	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+generate: $(VENV)/.dev
+	$(PY) scripts/generate.py
+
+cluster: $(VENV)/.dev
+	$(PY) -m tests.operator.cluster
+
+bench: $(VENV)/.base
+	$(PIP) install --quiet -e ".[bench]"
+	$(VENV)/bin/rlkube bench weights --json runs/bench-weights.json
+	$(VENV)/bin/rlkube bench rollout --json runs/bench-rollout.json
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,136 @@
+"""The ``rlkube`` command. Each subcommand imports its implementation lazily, so
+``rlkube validate`` or ``rlkube crd`` start without loading torch.
+
+    rlkube run JOB.yaml [--set spec.train.maxEpochs=3] [--nodes 2] [--summary out.json]
+    rlkube validate JOB.yaml             check a job; print every problem with its field path
+    rlkube scale RUN_DIR --evaluators K  change the eval count of a running local job
+    rlkube pod                           the entrypoint of train and eval pods (reads the env contract)
+    rlkube render JOB.yaml               print the Kubernetes objects the operator would create
+    rlkube crd                           print the RLJob CustomResourceDefinition
+    rlkube operator [kopf args]          run the operator (what the Helm chart starts)
+    rlkube bench weights|rollout         benchmarks, side by side with peers (source checkout)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rlkube import __version__
+
+
+def _job_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", type=Path, help="RLJob manifest (YAML)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a field, YAML spelling: --set spec.train.maxEpochs=3 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlkube", description="Reinforcement learning on Kubernetes.")
+    parser.add_argument("--version", action="version", version=f"rlkube {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a job on this machine as local processes")
+    _job_args(run)
+    run.add_argument("--nodes", type=int, default=1, help="simulated nodes (one shm directory each)")
+    run.add_argument("--run-dir", type=Path, default=None, help="where logs, checkpoints and plots go")
+    run.add_argument("--summary", type=Path, default=None, help="also write summary.json here")
+    run.add_argument(
+        "--in-process",
+        action="store_true",
+        help="train and eval roles in one process (no gRPC, strategy None); for debugging a policy",
+    )
+    run.add_argument("--no-progress", action="store_true", help="plain log lines instead of a live bar")
+
+    validate = sub.add_parser("validate", help="check a job manifest")
+    _job_args(validate)
+
+    scale = sub.add_parser("scale", help="change the eval worker count of a running local job")
+    scale.add_argument("run_dir", type=Path, help="the run directory printed by `rlkube run`")
+    scale.add_argument("--evaluators", type=int, required=True, help="desired eval workers")
+
+    sub.add_parser("pod", help="pod entrypoint: run this pod's role from the env contract")
+
+    render = sub.add_parser("render", help="print the objects the operator creates for a job")
+    _job_args(render)
+
+    sub.add_parser("crd", help="print the RLJob CustomResourceDefinition (YAML)")
+
+    operator = sub.add_parser("operator", help="run the kopf operator")
+    operator.add_argument("kopf_args", nargs=argparse.REMAINDER, help="extra arguments for `kopf run`")
+
+    bench = sub.add_parser("bench", help="benchmarks (from a source checkout)")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="weights|rollout and their options")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(_dispatch(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int | None:
+    from rlkube.spec import SpecError
+
+    try:
+        if args.command == "validate":
+            from rlkube.jobfile import load_job
+
+            job = load_job(args.job, args.overrides)
+            print(f"{args.job}: valid RLJob {job.namespace}/{job.name}")
+            return 0
+        if args.command == "run":
+            from rlkube.launch.run import main as run_main
+
+            return run_main(args)
+        if args.command == "scale":
+            from rlkube.launch.control import scale
+
+            return scale(args)
+        if args.command == "pod":
+            from rlkube.launch.pod import main as pod_main
+
+            return pod_main(args)
+        if args.command == "render":
+            from rlkube_operator.cli import render_command
+
+            return render_command(args)
+        if args.command == "crd":
+            from rlkube_operator.cli import crd_command
+
+            return crd_command(args)
+        if args.command == "operator":
+            from rlkube_operator.cli import operator_command
+
+            return operator_command(args)
+        if args.command == "bench":
+            return _bench(args.bench_args)
+    except SpecError as exc:
+        print(f"rlkube: {exc}", file=sys.stderr)
+        return 2
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def _bench(argv: list[str]) -> int:
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "benchmarks" / "cli.py").is_file():
+        print("rlkube bench runs from a source checkout (benchmarks/ is not installed)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(root))
+    from benchmarks.cli import main as bench_main
+
+    return bench_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

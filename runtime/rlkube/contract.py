@@ -1,0 +1,249 @@
+"""The env contract: what the operator (and the local launcher) set, and what a pod reads.
+
+Pure: ``read_pod_env`` takes the environment as an argument. This module is the one table of
+env names, ports and paths shared by ``rlkube_operator.render`` and ``rlkube.launch``;
+docs/env-contract.md is tested against :data:`ENV_CONTRACT`, and both ends are tested to set
+exactly these names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+
+
+class Role(StrEnum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+# Ports -----------------------------------------------------------------------------------------
+#: torch.distributed rendezvous on train rank 0 (torchrun's default).
+MASTER_PORT = 29500
+#: The PolicyGroup coordinator (gRPC) on train rank 0.
+COORDINATOR_PORT = 50051
+#: Every train rank serves its weights on this port, so Sharded fetches read from several ranks.
+WEIGHT_PORT = 50052
+#: The operator's liveness and Prometheus metrics endpoint.
+OPERATOR_METRICS_PORT = 8080
+
+# Paths inside pods -----------------------------------------------------------------------------
+#: The job manifest, mounted from the job's ConfigMap.
+JOB_CONFIG_PATH = "/etc/rlkube/job.yaml"
+JOB_CONFIG_KEY = "job.yaml"
+#: Run directory: checkpoints, the completion marker, TensorBoard logs.
+RUN_DIR = "/var/lib/rlkube"
+#: Shared-memory directory of the weight buffer (emptyDir Memory or hostPath, per strategy).
+SHM_DIR = "/dev/shm/rlkube"
+
+# Labels ----------------------------------------------------------------------------------------
+LABEL_JOB = "rlkube.io/job-name"
+LABEL_ROLE = "rlkube.io/role"
+LABEL_REPLICA_INDEX = "rlkube.io/replica-index"
+#: Set by the StatefulSet controller on every pod (Kubernetes >= 1.28).
+LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One row of the contract. ``source`` says where a pod's value comes from."""
+
+    name: str
+    meaning: str
+    source: str  # "spec": rendered from the job; "downward:<fieldPath>": Kubernetes fills it in
+    roles: tuple[Role, ...] = (Role.TRAIN, Role.EVAL)
+
+
+ENV_CONTRACT: tuple[EnvVar, ...] = (
+    EnvVar("RLKUBE_JOB_NAME", "Name of the RLJob.", "spec"),
+    EnvVar("RLKUBE_NAMESPACE", "Namespace of the RLJob.", "downward:metadata.namespace"),
+    EnvVar("RLKUBE_ROLE", "`train` or `eval`.", "spec"),
+    EnvVar(
+        "RLKUBE_REPLICA_INDEX",
+        f"Index of this pod in its StatefulSet (label `{LABEL_POD_INDEX}`).",
+        f"downward:metadata.labels['{LABEL_POD_INDEX}']",
+    ),
+    EnvVar("RLKUBE_POD_NAME", "Name of this pod.", "downward:metadata.name"),
+    EnvVar(
+        "RLKUBE_NODE_NAME",
+        "Node this pod runs on; eval pods on one node share a weight buffer.",
+        "downward:spec.nodeName",
+    ),
+    EnvVar("RLKUBE_COORDINATOR_ADDR", "host:port of the PolicyGroup coordinator (train rank 0).", "spec"),
+    EnvVar("RLKUBE_SHM_DIR", "Directory of this node's weight buffer.", "spec"),
+    EnvVar("RLKUBE_RUN_DIR", "Directory for checkpoints, the completion marker and logs.", "spec"),
+    EnvVar("RLKUBE_JOB_CONFIG", "Path of the job manifest (YAML).", "spec"),
+    EnvVar("RLKUBE_BACKEND", "torch.distributed backend: `nccl` or `gloo`.", "spec", (Role.TRAIN,)),
+    EnvVar("RLKUBE_WEIGHT_PORT", "Port on which every train rank serves its weights.", "spec"),
+    EnvVar("WORLD_SIZE", "Number of train ranks.", "spec", (Role.TRAIN,)),
+    EnvVar(
+        "RANK",
+        "This train rank (equals RLKUBE_REPLICA_INDEX).",
+        f"downward:metadata.labels['{LABEL_POD_INDEX}']",
+        (Role.TRAIN,),
+    ),
+    EnvVar("LOCAL_RANK", "Rank within the pod; always 0 (one process per pod).", "spec", (Role.TRAIN,)),
+    EnvVar("MASTER_ADDR", "Rendezvous host: `<job>-train-0.<job>-train.<ns>.svc`.", "spec", (Role.TRAIN,)),
+    EnvVar("MASTER_PORT", f"Rendezvous port ({MASTER_PORT}).", "spec", (Role.TRAIN,)),
+    EnvVar("PET_NNODES", "torchrun: number of nodes (= WORLD_SIZE).", "spec", (Role.TRAIN,)),
+    EnvVar("PET_NPROC_PER_NODE", "torchrun: processes per pod (1).", "spec", (Role.TRAIN,)),
+    EnvVar(
+        "PET_NODE_RANK",
+        "torchrun: node rank (= RANK).",
+        f"downward:metadata.labels['{LABEL_POD_INDEX}']",
+        (Role.TRAIN,),
+    ),
+    EnvVar("PET_MASTER_ADDR", "torchrun: rendezvous host (= MASTER_ADDR).", "spec", (Role.TRAIN,)),
+    EnvVar("PET_MASTER_PORT", "torchrun: rendezvous port (= MASTER_PORT).", "spec", (Role.TRAIN,)),
+)
+
+
+def contract_names(role: Role) -> tuple[str, ...]:
+    """The names a pod of ``role`` gets, in table order."""
+    return tuple(var.name for var in ENV_CONTRACT if role in var.roles)
+
+
+# Naming of the job's objects, shared by render.py and the launcher -----------------------------
+
+
+def train_statefulset_name(job: str) -> str:
+    return f"{job}-train"
+
+
+def eval_statefulset_name(job: str) -> str:
+    return f"{job}-eval"
+
+
+def train_service_name(job: str) -> str:
+    """Headless Service giving train pods stable DNS names."""
+    return f"{job}-train"
+
+
+def coordinator_service_name(job: str) -> str:
+    return f"{job}-coordinator"
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-job"
+
+
+def master_addr(job: str, namespace: str) -> str:
+    return f"{job}-train-0.{train_service_name(job)}.{namespace}.svc"
+
+
+def train_rank_host(job: str, namespace: str, rank: int) -> str:
+    return f"{job}-train-{rank}.{train_service_name(job)}.{namespace}.svc"
+
+
+def coordinator_addr(job: str, namespace: str) -> str:
+    return f"{coordinator_service_name(job)}.{namespace}.svc:{COORDINATOR_PORT}"
+
+
+# Reading the contract in a pod ------------------------------------------------------------------
+
+
+class EnvContractError(ValueError):
+    """A variable of the contract is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class PodEnv:
+    """The contract as read by a pod at start-up."""
+
+    job_name: str
+    namespace: str
+    role: Role
+    replica_index: int
+    pod_name: str
+    node_name: str
+    coordinator_addr: str
+    shm_dir: Path
+    run_dir: Path
+    job_config: Path
+    weight_port: int
+    # train only
+    world_size: int = 1
+    rank: int = 0
+    backend: str = "gloo"
+    master_addr: str = ""
+    master_port: int = MASTER_PORT
+
+    @property
+    def is_train(self) -> bool:
+        return self.role is Role.TRAIN
+
+
+def read_pod_env(environ: Mapping[str, str]) -> PodEnv:
+    """Parse the contract from ``environ``; every problem is listed in one :class:`EnvContractError`."""
+    problems: list[str] = []
+
+    def text(name: str) -> str:
+        value = environ.get(name, "")
+        if not value.strip():
+            problems.append(f"{name} is not set")
+        return value.strip()
+
+    def integer(name: str, *, minimum: int = 0) -> int:
+        raw = text(name)
+        if not raw:
+            return minimum
+        try:
+            value = int(raw)
+        except ValueError:
+            problems.append(f"{name}={raw!r} is not an integer")
+            return minimum
+        if value < minimum:
+            problems.append(f"{name}={value} must be >= {minimum}")
+        return value
+
+    raw_role = text("RLKUBE_ROLE")
+    role = Role.TRAIN
+    if raw_role:
+        try:
+            role = Role(raw_role)
+        except ValueError:
+            problems.append(f"RLKUBE_ROLE={raw_role!r} must be 'train' or 'eval'")
+    coordinator = text("RLKUBE_COORDINATOR_ADDR")
+    if coordinator and not _is_host_port(coordinator):
+        problems.append(f"RLKUBE_COORDINATOR_ADDR={coordinator!r} must be host:port")
+    env = PodEnv(
+        job_name=text("RLKUBE_JOB_NAME"),
+        namespace=text("RLKUBE_NAMESPACE"),
+        role=role,
+        replica_index=integer("RLKUBE_REPLICA_INDEX"),
+        pod_name=text("RLKUBE_POD_NAME"),
+        node_name=text("RLKUBE_NODE_NAME"),
+        coordinator_addr=coordinator,
+        shm_dir=Path(text("RLKUBE_SHM_DIR") or SHM_DIR),
+        run_dir=Path(text("RLKUBE_RUN_DIR") or RUN_DIR),
+        job_config=Path(text("RLKUBE_JOB_CONFIG") or JOB_CONFIG_PATH),
+        weight_port=integer("RLKUBE_WEIGHT_PORT", minimum=1),
+    )
+    if role is Role.TRAIN and not problems:
+        world_size = integer("WORLD_SIZE", minimum=1)
+        rank = integer("RANK")
+        backend = text("RLKUBE_BACKEND")
+        if backend and backend not in ("nccl", "gloo"):
+            problems.append(f"RLKUBE_BACKEND={backend!r} must be 'nccl' or 'gloo'")
+        if rank >= world_size:
+            problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
+        if rank != env.replica_index:
+            problems.append(f"RANK={rank} differs from RLKUBE_REPLICA_INDEX={env.replica_index}")
+        env = replace(
+            env,
+            world_size=world_size,
+            rank=rank,
+            backend=backend,
+            master_addr=text("MASTER_ADDR"),
+            master_port=integer("MASTER_PORT", minimum=1),
+        )
+    if problems:
+        raise EnvContractError("the pod's env contract is broken: " + "; ".join(problems))
+    return env
+
+
+def _is_host_port(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit())

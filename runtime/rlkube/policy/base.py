@@ -1,0 +1,461 @@
+"""BasePolicy: RLightning's policy contract, with the weight updates its docs promise.
+
+A user subclasses :class:`BasePolicy`, implements the eight methods (``construct_network``,
+``setup_optimizer``, ``rollout_step``, ``postprocess``, ``update_dataset``, ``train``,
+``get_trainable_parameters``, ``load_state_dict``; the last two have model_list defaults),
+registers it with ``@POLICIES.register("Name")`` and names it in ``spec.policy.type``.
+
+The same class runs as two roles. TRAIN: ``init_train`` builds the networks, wraps them in DDP
+when there are several ranks, and sets up the optimizer. EVAL: ``init_eval`` builds the
+networks in eval mode and, unless the weight strategy is ``None``, starts the updater thread.
+The updater waits for ``notify_update_weights()``, stages the newest snapshot *outside* the
+rollout gate, then commits it inside the gate (the sync idle gate, or the async admission gate
+that stops new requests and waits for in-flight ones), so rollouts are blocked only for the
+pointer swap. Note: ``train`` is the training step, as in RLightning; never call ``policy.eval()``
+or ``policy.train(False)`` on a policy itself (call them on its models).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from rlkube.envs.types import EnvRet, PolicyResponse
+
+if TYPE_CHECKING:
+    from rlkube.policy.weight_source import StagedWeights, WeightSource
+    from rlkube.spec import PolicySpec, TrainSpec
+
+logger = logging.getLogger(__name__)
+
+
+class PolicyRole(StrEnum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (or the module itself)."""
+    return model.module if isinstance(model, DDP) else model
+
+
+def clone_to_cpu(value: Any) -> Any:
+    """Recursively detach and copy tensors to CPU (checkpoint payloads must not alias live weights)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return type(value)((k, clone_to_cpu(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return type(value)(clone_to_cpu(v) for v in value)
+    return value
+
+
+def set_nested_attr(obj: Any, path: str, value: Any) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        obj = getattr(obj, part)
+    setattr(obj, parts[-1], value)
+
+
+class BasePolicy(nn.Module, ABC):
+    """Abstract base of every policy; see the module docstring for the life cycle."""
+
+    def __init__(self, config: PolicySpec, role_type: PolicyRole | str) -> None:
+        super().__init__()
+        self.config = config
+        self.role_type = PolicyRole(role_type)
+        self.device: str = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        self.model_list: list[tuple[str, nn.Module]] = []
+        self.is_init = False
+        self.ready = False
+        self.rollout_mode: str = str(getattr(config.rollout_mode, "value", config.rollout_mode))
+        self.weight_buffer_strategy: str = config.weight_buffer.strategy.value
+        # eval side
+        self._idle_as_infer: threading.Event | None = None
+        self._update_weights_signal: threading.Event | None = None
+        self._weight_update_done: threading.Event | None = None
+        self._weight_source: WeightSource | None = None
+        self._updater: threading.Thread | None = None
+        self._stop_updater = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._accept_new_requests: asyncio.Event | None = None
+        self.num_requests = 0
+        self._num_requests_lock = threading.Lock()
+        self._inflight_zero_cv = threading.Condition(self._num_requests_lock)
+        self.weight_version = -1
+        self.update_block_seconds: list[float] = []  # time rollouts were gated per update
+        self.last_update_error: str | None = None
+        # train side
+        self.dataset: Any = None
+        self.world_size = 1
+        self.timing_raw: dict[str, dict[str, Any]] = {}
+        self.metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the eight user methods
+    @abstractmethod
+    def construct_network(self, env_meta: Any, *args: Any, **kwargs: Any) -> None:
+        """Create the model(s) as attributes of ``self``; they are found and put in ``model_list``."""
+
+    @abstractmethod
+    def setup_optimizer(self, optim_cfg: Any) -> None:
+        """Create the optimizer(s) (TRAIN only), e.g. ``self.optimizer = torch.optim.Adam(...)``."""
+
+    @abstractmethod
+    def rollout_step(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
+        """Inference for a batch of envs; define as ``async def`` when ``rolloutMode`` is async."""
+
+    @abstractmethod
+    def postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
+        """Called after each env step with the new EnvRet; a returned dict is stored with the step."""
+
+    @abstractmethod
+    def update_dataset(self, data: TensorDict) -> None:
+        """Receive this rank's share of the epoch's trajectories (``self.dataset = data``)."""
+
+    @abstractmethod
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """One training epoch over ``self.dataset``; return or ``log_metric`` the figures."""
+
+    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``{module_name: state_dict}`` of every model in ``model_list`` (DDP unwrapped)."""
+        return {name: unwrap(model).state_dict() for name, model in self.model_list}
+
+    def load_state_dict(  # type: ignore[override]
+        self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False, *args: Any, **kwargs: Any
+    ) -> None:
+        """Load ``{module_name: state_dict}`` into the models of ``model_list``.
+
+        With ``assign=True`` parameters are replaced by the given tensors (no copy): the weight
+        plane uses this to point eval models at a shared-memory snapshot.
+        """
+        for name, model in self.model_list:
+            if name not in state_dict:
+                if strict:
+                    raise KeyError(f"state dict has no entry for model {name!r} (has {sorted(state_dict)})")
+                continue
+            unwrap(model).load_state_dict(state_dict[name], strict=strict, assign=assign)
+
+    # ------------------------------------------------------------------ framework: set-up
+    def _find_model(self) -> None:
+        """Fill ``model_list`` with every sub-module that has trainable parameters (unless set)."""
+        if self.model_list:
+            for name, model in self.model_list:
+                if not isinstance(model, nn.Module):
+                    raise ValueError(
+                        f"model_list entry {name!r} is a {type(model).__name__}, not an nn.Module"
+                    )
+            return
+        for name, module in self._modules.items():
+            if module is not None and any(p.requires_grad for p in module.parameters()):
+                self.model_list.append((name, module))
+        if not self.model_list:
+            logger.warning(
+                "%s: construct_network created no module with trainable parameters", type(self).__name__
+            )
+
+    def attach_weight_source(self, source: WeightSource | None) -> None:
+        """Called by the framework before ``init_eval``: where the updater thread reads weights."""
+        self._weight_source = source
+
+    def init_eval(self, eval_config: Any = None, env_meta: Any = None) -> None:
+        """Build the networks for inference and start the updater thread (strategy != None)."""
+        self.eval_config = eval_config
+        self.construct_network(env_meta=env_meta)
+        self._find_model()
+        for _, model in self.model_list:
+            model.eval()
+            model.requires_grad_(False)
+        if self.rollout_mode == "sync":
+            self._idle_as_infer = threading.Event()
+            self._idle_as_infer.set()
+        elif self.rollout_mode == "async":
+            try:
+                self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self._loop = asyncio.new_event_loop()
+                asyncio.set_event_loop(self._loop)
+            self._accept_new_requests = asyncio.Event()
+            self._accept_new_requests.set()
+        else:
+            raise ValueError(f"invalid rollout mode {self.rollout_mode!r}: expected 'sync' or 'async'")
+        if self.weight_buffer_strategy != "None":
+            self._update_weights_signal = threading.Event()
+            self._weight_update_done = threading.Event()
+            self._weight_update_done.set()
+            self._updater = threading.Thread(
+                target=self.update_weights, name=f"{type(self).__name__}-updater", daemon=True
+            )
+            self._updater.start()
+        self.is_init = True
+
+    def init_train(self, train_config: TrainSpec | Any = None, env_meta: Any = None) -> None:
+        """Build the networks for training, wrap them in DDP on several ranks, set up the optimizer."""
+        self.train_config = train_config
+        self.construct_network(env_meta=env_meta)
+        self._find_model()
+        for _, model in self.model_list:
+            model.train()
+        self.world_size = _dp_world_size()
+        if self.world_size > 1:
+            process_group = torch.distributed.group.WORLD
+            torch.distributed.barrier()
+            local_gpu = int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1)
+            self.wrap_with_ddp(local_gpu, process_group)
+        self.setup_optimizer(self.config.optim_cfg)
+        self.is_init = True
+
+    def wrap_with_ddp(self, gpu_id: int, process_group: Any) -> None:
+        """Wrap every model of ``model_list`` in DDP; override to choose what is wrapped."""
+        use_cuda = torch.cuda.is_available()
+        wrapped: list[tuple[str, nn.Module]] = []
+        for name, model in self.model_list:
+            if isinstance(model, DDP):
+                wrapped.append((name, model))
+                continue
+            if use_cuda:
+                ddp = DDP(model.cuda(gpu_id), device_ids=[gpu_id], process_group=process_group)
+            else:
+                ddp = DDP(model, process_group=process_group)
+            set_nested_attr(self, name, ddp)
+            wrapped.append((name, ddp))
+        self.model_list = wrapped
+
+    def is_initialized(self) -> bool:
+        return self.is_init
+
+    def reset_training_state(self, train_config: Any, env_meta: Any = None, seed: int | None = None) -> None:
+        """Rebuild models and optimizer from scratch (after a warm-up run)."""
+        if seed is not None:
+            seed_everything(seed)
+        for name, _ in self.model_list:
+            self._modules.pop(name.split(".")[0], None)
+        self.model_list = []
+        self.dataset = None
+        for attr, value in list(vars(self).items()):
+            if isinstance(value, torch.optim.Optimizer):
+                setattr(self, attr, None)
+        self.init_train(train_config, env_meta=env_meta)
+
+    # ------------------------------------------------------------------ framework: rollout
+    @torch.inference_mode()
+    def _rollout(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
+        """Sync rollout under the idle gate (the updater commits only while the policy is idle)."""
+        assert self._idle_as_infer is not None, "init_eval() has not run"
+        self._idle_as_infer.wait()
+        self._idle_as_infer.clear()
+        try:
+            return self.rollout_step(env_ret.to(self.device), **kwargs)
+        finally:
+            self._idle_as_infer.set()
+
+    async def _rollout_async(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
+        """Async rollout behind the admission gate; in-flight requests are counted for the updater."""
+        assert self._accept_new_requests is not None, "init_eval() has not run in async rollout mode"
+        await self._accept_new_requests.wait()
+        with self._num_requests_lock:
+            self.num_requests += 1
+        try:
+            with torch.inference_mode():
+                result = self.rollout_step(env_ret.to(self.device), **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            return result
+        finally:
+            with self._num_requests_lock:
+                self.num_requests -= 1
+                if self.num_requests == 0:
+                    self._inflight_zero_cv.notify_all()
+
+    @torch.inference_mode()
+    def _postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
+        gate = self._idle_as_infer
+        if gate is not None:
+            gate.wait()
+            gate.clear()
+        try:
+            return self.postprocess(env_ret, policy_resp)
+        finally:
+            if gate is not None:
+                gate.set()
+
+    def check_idle(self) -> None:
+        assert self.rollout_mode == "sync", "check_idle is only supported in sync rollout mode"
+        if self.role_type is PolicyRole.EVAL and self._idle_as_infer is not None:
+            self._idle_as_infer.wait()
+
+    def get_num_requests(self) -> int:
+        return self.num_requests
+
+    # ------------------------------------------------------------------ framework: weights
+    def notify_update_weights(self) -> None:
+        """Tell the updater thread that a newer snapshot exists (no-op for strategy None)."""
+        if self._update_weights_signal is None:
+            return
+        # Clear "done" before raising the signal so a waiter never misses this update.
+        if self._weight_update_done is not None:
+            self._weight_update_done.clear()
+        self._update_weights_signal.set()
+
+    def wait_for_weight_update_done(self, timeout: float | None = None) -> bool:
+        """Block until the updater finished its latest cycle; True also when there is no updater."""
+        if self._weight_update_done is None:
+            return True
+        return self._weight_update_done.wait(timeout=timeout)
+
+    def update_weights(self) -> None:
+        """The updater thread: stage outside the gate, commit inside it, forever (until closed)."""
+        assert self._update_weights_signal is not None
+        assert self._weight_update_done is not None
+        while not self._stop_updater.is_set():
+            if not self._update_weights_signal.wait(timeout=0.5):
+                continue
+            self._update_weights_signal.clear()
+            try:
+                self.update_weights_from_buffer()
+                self.last_update_error = None
+            except Exception as exc:  # never kill the thread: the next version may load fine
+                self.last_update_error = f"{type(exc).__name__}: {exc}"
+                logger.exception("weight update failed; keeping version %d", self.weight_version)
+            finally:
+                if not self._update_weights_signal.is_set():
+                    self._weight_update_done.set()
+
+    def update_weights_from_buffer(self) -> int | None:
+        """Load the newest snapshot from the weight source; returns its version or None if none is newer."""
+        if self._weight_source is None:
+            return None
+        staged = self._weight_source.stage(self)
+        if staged is None:
+            return None
+        self.commit_staged_weights(staged)
+        return staged.version
+
+    def commit_staged_weights(self, staged: StagedWeights) -> None:
+        """Swap ``staged`` in under the rollout gate and record how long rollouts were blocked."""
+        assert self._weight_source is not None
+        started = time.perf_counter()
+        self._pre_update_weights_hook()
+        try:
+            self._weight_source.commit(self, staged)
+            self.weight_version = staged.version
+        finally:
+            self._post_update_weights_hook()
+            self.update_block_seconds.append(time.perf_counter() - started)
+            if len(self.update_block_seconds) > 10_000:
+                del self.update_block_seconds[:5_000]
+
+    def _pre_update_weights_hook(self) -> None:
+        if self.rollout_mode == "sync":
+            if self._idle_as_infer is not None:
+                self._idle_as_infer.wait()
+                self._idle_as_infer.clear()
+        elif self._loop is not None and self._accept_new_requests is not None:
+            done = threading.Event()
+
+            def close_gate() -> None:
+                assert self._accept_new_requests is not None
+                self._accept_new_requests.clear()
+                done.set()
+
+            if self._loop.is_running():
+                self._loop.call_soon_threadsafe(close_gate)
+                done.wait(timeout=5.0)
+            else:
+                close_gate()
+            with self._num_requests_lock:
+                while self.num_requests > 0:
+                    self._inflight_zero_cv.wait()
+
+    def _post_update_weights_hook(self) -> None:
+        if self.rollout_mode == "sync":
+            if self._idle_as_infer is not None:
+                self._idle_as_infer.set()
+        elif self._loop is not None and self._accept_new_requests is not None:
+            if self._loop.is_running():
+                self._loop.call_soon_threadsafe(self._accept_new_requests.set)
+            else:
+                self._accept_new_requests.set()
+
+    def get_param_fingerprint(self) -> dict[str, float]:
+        """Per-parameter float32 L2 norms, ``"<module>.<param>" -> norm``; cheap to compare across pods."""
+        fingerprint: dict[str, float] = {}
+        for module_name, model in self.model_list:
+            for param_name, param in unwrap(model).named_parameters():
+                fingerprint[f"{module_name}.{param_name}"] = float(param.detach().float().norm().item())
+        return fingerprint
+
+    def close(self) -> None:
+        """Stop the updater thread and release the weight source."""
+        self._stop_updater.set()
+        if self._update_weights_signal is not None:
+            self._update_weights_signal.set()
+        if self._updater is not None and self._updater is not threading.current_thread():
+            self._updater.join(timeout=5.0)
+        if self._weight_source is not None:
+            self._weight_source.close()
+
+    # ------------------------------------------------------------------ framework: checkpoints
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Save the models of ``model_list`` (DDP unwrapped, copied to CPU); override for more."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        state = {name: clone_to_cpu(unwrap(model).state_dict()) for name, model in self.model_list}
+        torch.save(state, target)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Inverse of the default ``save_checkpoint``."""
+        state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        for name, model in self.model_list:
+            unwrap(model).load_state_dict(state[name])
+
+    def optimizers(self) -> dict[str, Any]:
+        """Attributes holding optimizers or LR schedulers, by name (checkpointed by the engine)."""
+        found: dict[str, Any] = {}
+        for attr, value in vars(self).items():
+            if isinstance(value, torch.optim.Optimizer | torch.optim.lr_scheduler.LRScheduler):
+                found[attr] = value
+        return found
+
+    # ------------------------------------------------------------------ framework: metrics
+    def log_metric(self, key: str, value: float) -> None:
+        """Record a scalar for this epoch (e.g. ``losses/policy_loss``); the engine logs and clears them."""
+        self.metrics[key] = float(value)
+
+    def pop_metrics(self) -> dict[str, float]:
+        metrics, self.metrics = self.metrics, {}
+        return metrics
+
+    def print_timing_summary(self, reset: bool = False) -> None:
+        for name, stats in dict(self.timing_raw).items():
+            logger.debug("%-28s count=%s total=%.6fs", name, stats.get("count"), stats.get("total", 0.0))
+        if reset:
+            self.timing_raw = {}
+
+
+def _dp_world_size() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)

@@ -1,0 +1,42 @@
+"""The seam between an EVAL policy's updater thread and the weight plane.
+
+Pure interface: the policy layer defines what it needs, ``rlkube.weights`` provides it (the
+dependency points upwards, as the layers require). An update happens in two steps so that
+rollouts are blocked only for the second:
+
+1. ``stage()`` runs on the updater thread *outside* the rollout gate: it finds the newest
+   complete snapshot and makes it ready to use (maps views into shared memory, or copies into a
+   shadow buffer on the accelerator). It returns ``None`` when there is nothing newer.
+2. ``commit()`` runs *inside* the gate (no rollout step in flight): it makes the policy use the
+   staged tensors, ideally by swapping storage pointers, and releases the previous snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlkube.policy.base import BasePolicy
+
+
+@dataclass
+class StagedWeights:
+    """A snapshot ready to be committed: ``{module: {param: tensor}}`` plus where it came from."""
+
+    version: int
+    state_dict: dict[str, dict[str, torch.Tensor]]
+    handle: Any = None  # transport-specific (e.g. the pinned shm slot); released after commit
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class WeightSource(Protocol):
+    """Where an EVAL policy's updater thread gets weights from."""
+
+    def stage(self, policy: BasePolicy) -> StagedWeights | None: ...
+
+    def commit(self, policy: BasePolicy, staged: StagedWeights) -> None: ...
+
+    def close(self) -> None: ...

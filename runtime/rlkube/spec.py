@@ -1,0 +1,530 @@
+"""The typed RLJob: one source for the runtime, the operator and the CRD schema.
+
+Pure: no I/O (``rlkube.jobfile`` reads files and applies ``--set`` overrides). Field names are
+snake_case in Python and camelCase in YAML (``max_epochs`` <-> ``maxEpochs``); every model
+forbids unknown keys so a typo is an error, not a silently ignored setting. The sections mirror
+RLightning's config (``policy``, ``env``, ``buffer``, ``train``, ``cluster`` -> ``trainer`` and
+``evaluator``) so its users recognise them.
+
+Cross-field rules live in :data:`CROSS_FIELD_RULES`: each has the CEL expression the CRD
+carries (checked by the API server at apply time) and the Python check the runtime and the
+operator run, so the same document is refused for the same reason everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from rlkube.config import Config
+
+API_GROUP = "rlkube.io"
+API_VERSION = "v1alpha1"
+KIND = "RLJob"
+PLURAL = "rljobs"
+SINGULAR = "rljob"
+SHORT_NAMES = ("rlj",)
+
+#: Job names become pod names like ``<name>-train-12`` and Service names like
+#: ``<name>-coordinator``; 40 characters leaves room for both inside the 63 of a DNS label.
+MAX_JOB_NAME_LENGTH = 40
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class Engine(StrEnum):
+    """Which loop train rank 0 drives (RLightning's SyncRLEngine, AsyncRLEngine, EvaluationEngine)."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+    EVAL = "eval"
+
+
+class RolloutMode(StrEnum):
+    """How an EVAL policy's ``rollout_step`` is called: plain call or awaited coroutine."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class WeightStrategy(StrEnum):
+    """How trained weights reach eval policies; see docs/architecture.md."""
+
+    NONE = "None"
+    DOUBLE = "Double"
+    SHARED = "Shared"
+    SHARDED = "Sharded"
+
+
+class WeightBufferType(StrEnum):
+    """RLightning's buffer class names, accepted so configs port unchanged; all share one implementation."""
+
+    WEIGHT_BUFFER = "WeightBuffer"
+    CPU_WEIGHT_BUFFER = "CPUWeightBuffer"
+    SHARDED_WEIGHT_BUFFER = "ShardedWeightBuffer"
+
+
+class Backend(StrEnum):
+    """torch.distributed backend of the train ranks; ``auto`` is NCCL with GPUs, else gloo."""
+
+    AUTO = "auto"
+    NCCL = "nccl"
+    GLOO = "gloo"
+
+
+class BufferType(StrEnum):
+    """Trajectory storage on the coordinator: on-policy fragments or an off-policy replay ring."""
+
+    ROLLOUT = "rollout"
+    REPLAY = "replay"
+
+
+class CleanPodPolicy(StrEnum):
+    """What happens to pods when a job finishes (Kubeflow's semantics, applied to StatefulSets)."""
+
+    ALL = "All"  # scale both StatefulSets to zero
+    RUNNING = "Running"  # same as All for StatefulSets: every pod that still runs is removed
+    NONE = "None"  # leave pods running (their processes idle after the completion marker)
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        # Documents must use the YAML spelling (camelCase), as the CRD does; Python code may use
+        # field names with model_copy(update=...).
+        validate_by_name=False,
+        validate_by_alias=True,
+        extra="forbid",
+        frozen=True,
+        use_enum_values=False,
+        validate_default=True,
+    )
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Quantity = int | float | str
+ResourceList = dict[str, Quantity]
+DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]
+
+
+class ObjectMeta(_Model):
+    """The part of Kubernetes object metadata a job uses; the API server's own keys pass through."""
+
+    model_config = ConfigDict(alias_generator=to_camel, extra="allow", frozen=True)
+
+    name: Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=MAX_JOB_NAME_LENGTH)]
+    namespace: DnsLabel = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class WeightBufferSpec(_Model):
+    """``policy.weightBuffer``: how weights travel from train rank 0 to eval policies."""
+
+    type: WeightBufferType = Field(
+        WeightBufferType.WEIGHT_BUFFER, description="RLightning buffer class name."
+    )
+    strategy: WeightStrategy = Field(
+        WeightStrategy.SHARED,
+        description="None: synchronous load from the stream, no thread. Double: a two-slot buffer per "
+        "eval pod. Shared: one two-slot buffer per node, one fetch per node. Sharded: the bytes are "
+        "fetched as ranges over parallel streams from several train ranks.",
+    )
+    streams: PositiveInt = Field(4, le=64, description="Parallel range streams per fetch (Sharded).")
+    chunk_bytes: int = Field(
+        4 << 20,
+        ge=64 << 10,
+        le=256 << 20,
+        description="Bytes per gRPC message when streaming weights (default 4 MiB).",
+    )
+    shm_size_limit: str | None = Field(
+        None,
+        description="Size limit of the in-memory volume holding the buffer (Double), e.g. '2Gi'. "
+        "Default: unlimited (bounded by node memory).",
+    )
+    host_path: str = Field(
+        "/dev/shm/rlkube",
+        description="Directory on each node shared by the eval pods of that node (Shared, Sharded).",
+    )
+
+    @property
+    def buffer_strategy(self) -> str:
+        """RLightning's name for :attr:`strategy`."""
+        return self.strategy.value
+
+
+class PolicySpec(_Model):
+    """``policy``: which registered BasePolicy subclass to run and how it is configured."""
+
+    type: Annotated[str, StringConstraints(min_length=1)] = Field(
+        "PPO", description="Registered name of the policy class (@POLICIES.register)."
+    )
+    module: str | None = Field(
+        None, description="Dotted module imported before the registry lookup, e.g. 'mypkg.policies'."
+    )
+    rollout_mode: RolloutMode = Field(
+        RolloutMode.SYNC, description="'async' when rollout_step is a coroutine."
+    )
+    model_cfg: Config = Field(default_factory=Config, description="Passed to construct_network (free-form).")
+    optim_cfg: Config = Field(default_factory=Config, description="Passed to setup_optimizer (free-form).")
+    algo_cfg: Config = Field(default_factory=Config, description="Algorithm hyperparameters (free-form).")
+    weight_buffer: WeightBufferSpec = Field(default_factory=WeightBufferSpec)
+
+    @property
+    def weight_buffer_strategy(self) -> str:
+        return self.weight_buffer.strategy.value
+
+
+class EnvSpec(_Model):
+    """``env``: the gymnasium environment each eval replica runs as a vector of ``numEnvs`` copies."""
+
+    id: Annotated[str, StringConstraints(min_length=1)] = Field(
+        ..., description="gymnasium id, e.g. CartPole-v1."
+    )
+    num_envs: PositiveInt = Field(8, le=4096, description="Environments per eval replica.")
+    kwargs: Config = Field(default_factory=Config, description="Keyword arguments for gymnasium.make.")
+    vectorization: Literal["sync", "async"] = Field(
+        "sync", description="gymnasium vector mode: 'sync' steps in-process, 'async' in subprocesses."
+    )
+    imports: list[str] = Field(
+        default_factory=list, description="Modules imported before gymnasium.make (to register envs)."
+    )
+
+
+class BufferSpec(_Model):
+    """``buffer``: trajectory storage on the coordinator."""
+
+    type: BufferType = Field(BufferType.ROLLOUT)
+    capacity: PositiveInt = Field(
+        64,
+        description="Rollout: fragments held before eval workers are told to wait (back-pressure). "
+        "Replay: transitions kept.",
+    )
+
+
+class TrainSpec(_Model):
+    """``train``: the loop's length and cadence."""
+
+    max_epochs: PositiveInt = Field(
+        100, description="Epochs to train; one epoch publishes one weight version."
+    )
+    steps_per_epoch: PositiveInt = Field(
+        2048, description="Env steps collected per epoch, over all eval replicas together."
+    )
+    fragment_length: PositiveInt = Field(
+        64,
+        le=100_000,
+        description="Steps per env in one fragment, the unit of work an eval replica leases.",
+    )
+    batch_size: PositiveInt = Field(256, description="Minibatch size of an SGD step.")
+    eval_interval: NonNegativeInt = Field(
+        10, description="Run evaluation episodes every N epochs (0: never)."
+    )
+    eval_episodes: PositiveInt = Field(10, description="Episodes per evaluation.")
+    save_interval: NonNegativeInt = Field(10, description="Checkpoint every N epochs (0: only at the end).")
+    seed: NonNegativeInt = Field(1)
+    max_staleness: NonNegativeInt = Field(
+        1, description="async engine: batches produced by weights older than this many versions are dropped."
+    )
+    target_return: float | None = Field(
+        None, description="Stop early once the mean of the last 20 episode returns reaches this."
+    )
+
+
+class Resources(_Model):
+    """Container resources, as in a Pod (quantities are passed through to Kubernetes)."""
+
+    limits: ResourceList = Field(default_factory=dict)
+    requests: ResourceList = Field(default_factory=dict)
+
+
+class PodSpecOverrides(_Model):
+    """Settings passed through to every pod of a role."""
+
+    replicas: NonNegativeInt = Field(1)
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    priority_class_name: str | None = None
+    scheduler_name: str | None = None
+    service_account_name: str | None = None
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra container env (names of the env contract are refused)."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+
+    def gpus(self) -> int:
+        """GPUs each pod of this role asks for (``limits['nvidia.com/gpu']``)."""
+        value = self.resources.limits.get(GPU_RESOURCE, 0)
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return 0
+
+
+class TrainerSpec(PodSpecOverrides):
+    """``trainer``: the train StatefulSet (DDP ranks; rank 0 hosts the coordinator)."""
+
+    replicas: PositiveInt = Field(1, le=1024, description="Train ranks (DDP world size).")
+    backend: Backend = Field(Backend.AUTO)
+
+
+class EvaluatorSpec(PodSpecOverrides):
+    """``evaluator``: the eval StatefulSet (rollout workers; the /scale subresource targets replicas)."""
+
+    replicas: NonNegativeInt = Field(1, le=10_000, description="Eval replicas; `kubectl scale` changes it.")
+
+
+class CheckpointSpec(_Model):
+    """``checkpoint``: where checkpoints go and whether a restarted job resumes."""
+
+    resume: bool = Field(True, description="Resume from the newest checkpoint when one exists.")
+    path: str | None = Field(
+        None, description="A checkpoint file to start from (eval engine: the policy to evaluate)."
+    )
+    keep: PositiveInt = Field(3, description="Checkpoints kept; older ones are deleted.")
+    claim_name: str | None = Field(
+        None, description="PersistentVolumeClaim for the run directory; default an emptyDir per pod."
+    )
+
+
+class RunPolicySpec(_Model):
+    """``runPolicy``: the job's lifecycle, as in Kubeflow's RunPolicy."""
+
+    suspend: bool = Field(False, description="Scale to zero and keep the job; resume by setting false.")
+    backoff_limit: NonNegativeInt = Field(3, description="Train restarts tolerated before the job fails.")
+    active_deadline_seconds: PositiveInt | None = Field(None, description="Fail the job after this long.")
+    ttl_seconds_after_finished: NonNegativeInt | None = Field(
+        None, description="Delete the finished job (and its children) after this long."
+    )
+    clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.ALL)
+
+
+class LogSpec(_Model):
+    """``log``: what the runtime writes."""
+
+    level: LogLevel = Field(LogLevel.INFO)
+    tensorboard: bool = Field(True)
+    interval_seconds: float = Field(2.0, gt=0, description="How often progress is reported.")
+
+
+class RLJobSpec(_Model):
+    """The ``spec`` of an RLJob."""
+
+    image: str = Field("ghcr.io/rlkube/rlkube:0.1.0", description="Image of the train and eval pods.")
+    engine: Engine = Field(Engine.SYNC)
+    imports: list[str] = Field(
+        default_factory=list, description="Modules imported at start-up so their @POLICIES.register runs."
+    )
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    env: EnvSpec
+    buffer: BufferSpec = Field(default_factory=BufferSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
+    log: LogSpec = Field(default_factory=LogSpec)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> RLJobSpec:
+        problems = cross_field_problems(self)
+        if problems:
+            raise PydanticCustomError("cross_field", "{problems}", {"problems": "\n".join(problems)})
+        return self
+
+    def resolved_backend(self, *, cuda_available: bool | None = None) -> Backend:
+        """``auto`` becomes NCCL when the trainer asks for GPUs (or CUDA is present), else gloo."""
+        if self.trainer.backend is not Backend.AUTO:
+            return self.trainer.backend
+        has_gpu = self.trainer.gpus() > 0 if cuda_available is None else cuda_available
+        return Backend.NCCL if has_gpu else Backend.GLOO
+
+    def fragment_steps(self) -> int:
+        """Env steps in one fragment: every env of an eval replica, ``fragmentLength`` steps each."""
+        return self.env.num_envs * self.train.fragment_length
+
+    def fragments_per_epoch(self) -> int:
+        return max(1, -(-self.train.steps_per_epoch // self.fragment_steps()))
+
+
+class RLJob(_Model):
+    """A whole RLJob manifest, as ``kubectl apply`` and ``rlkube run`` take it."""
+
+    api_version: Literal["rlkube.io/v1alpha1"] = Field("rlkube.io/v1alpha1")
+    kind: Literal["RLJob"] = Field("RLJob")
+    metadata: ObjectMeta
+    spec: RLJobSpec
+    status: dict[str, Any] | None = Field(None, description="Written by the operator; ignored on input.")
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule over several fields: CEL for the CRD (``self`` is the spec), Python for everyone else."""
+
+    path: str  # the field the error names, relative to the manifest
+    cel: str
+    message: str
+    check: Callable[[RLJobSpec], bool]
+    got: Callable[[RLJobSpec], Any]
+
+
+def cross_field_problems(spec: RLJobSpec) -> list[str]:
+    """One line per broken cross-field rule: the field path, the value and what was expected."""
+    return [
+        f"{rule.path}: got {_short(rule.got(spec))}, {rule.message}"
+        for rule in CROSS_FIELD_RULES
+        if not rule.check(spec)
+    ]
+
+
+def _env_names(pod: PodSpecOverrides) -> set[str]:
+    return {str(item.get("name", "")) for item in pod.env}
+
+
+#: Names of the env contract that users may not set (kept here to keep spec free of imports).
+RESERVED_ENV_PREFIXES = ("RLKUBE_", "PET_")
+RESERVED_ENV_NAMES = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
+
+
+def _no_reserved_env(pod: PodSpecOverrides) -> bool:
+    return not any(
+        name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES) for name in _env_names(pod)
+    )
+
+
+_RESERVED_CEL = (
+    "!has(self.{role}.env) || self.{role}.env.all(e, !(e.name in "
+    "['WORLD_SIZE','RANK','LOCAL_RANK','MASTER_ADDR','MASTER_PORT']) "
+    "&& !e.name.startsWith('RLKUBE_') && !e.name.startsWith('PET_'))"
+)
+
+CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        path="spec.train.batchSize",
+        cel="!has(self.train) || !has(self.train.batchSize) || !has(self.train.stepsPerEpoch) "
+        "|| self.train.batchSize <= self.train.stepsPerEpoch",
+        message="expected at most spec.train.stepsPerEpoch",
+        check=lambda s: s.train.batch_size <= s.train.steps_per_epoch,
+        got=lambda s: s.train.batch_size,
+    ),
+    CrossFieldRule(
+        path="spec.trainer.backend",
+        cel="!has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend != 'nccl' "
+        "|| (has(self.trainer.resources) && has(self.trainer.resources.limits) "
+        "&& 'nvidia.com/gpu' in self.trainer.resources.limits)",
+        message="expected gloo or auto without GPUs: nccl needs "
+        "spec.trainer.resources.limits['nvidia.com/gpu']",
+        check=lambda s: s.trainer.backend is not Backend.NCCL or s.trainer.gpus() > 0,
+        got=lambda s: s.trainer.backend.value,
+    ),
+    CrossFieldRule(
+        path="spec.checkpoint.path",
+        cel="self.engine != 'eval' || (has(self.checkpoint) && has(self.checkpoint.path))",
+        message="expected a checkpoint file: engine 'eval' evaluates a saved policy",
+        check=lambda s: s.engine is not Engine.EVAL or s.checkpoint.path is not None,
+        got=lambda s: s.checkpoint.path,
+    ),
+    CrossFieldRule(
+        path="spec.trainer.env",
+        cel=_RESERVED_CEL.format(role="trainer"),
+        message="expected no names of the env contract (RLKUBE_*, PET_*, WORLD_SIZE, RANK, "
+        "LOCAL_RANK, MASTER_ADDR, MASTER_PORT): rlkube sets those",
+        check=lambda s: _no_reserved_env(s.trainer),
+        got=lambda s: sorted(_env_names(s.trainer)),
+    ),
+    CrossFieldRule(
+        path="spec.evaluator.env",
+        cel=_RESERVED_CEL.format(role="evaluator"),
+        message="expected no names of the env contract (RLKUBE_*, PET_*, WORLD_SIZE, RANK, "
+        "LOCAL_RANK, MASTER_ADDR, MASTER_PORT): rlkube sets those",
+        check=lambda s: _no_reserved_env(s.evaluator),
+        got=lambda s: sorted(_env_names(s.evaluator)),
+    ),
+)
+
+
+class SpecError(ValueError):
+    """A job document that does not validate; ``problems`` has one line per bad field."""
+
+    def __init__(self, problems: list[str], *, source: str = "job") -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__(f"invalid {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def parse_job(document: Any, *, source: str = "job") -> RLJob:
+    """Validate a manifest (already parsed from YAML) into an :class:`RLJob` or raise :class:`SpecError`."""
+    from pydantic import ValidationError
+
+    if not isinstance(document, dict):
+        raise SpecError(
+            [f"(root): got {type(document).__name__}, expected a mapping (an RLJob manifest)"], source=source
+        )
+    try:
+        return RLJob.model_validate(document)
+    except ValidationError as exc:
+        problems = [line for err in exc.errors() for line in _describe(err).splitlines()]
+        raise SpecError(problems, source=source) from None
+
+
+def _describe(err: Any) -> str:
+    loc = [part for part in err["loc"] if not (isinstance(part, str) and part.startswith("function-after"))]
+    path = _format_path(loc)
+    kind = err["type"]
+    if kind == "cross_field":
+        # Cross-field rules name their own paths, relative to the manifest.
+        return str(err["msg"])
+    if kind == "extra_forbidden":
+        key = str(loc[-1]) if loc else ""
+        hint = f" (did you mean {to_camel(key)!r}?)" if "_" in key and to_camel(key) != key else ""
+        return f"{path}: unknown field{hint}"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    value = err.get("input")
+    shown = _short(value)
+    expected = str(err["msg"])
+    expected = re.sub(r"^(Input should be|Value error, )\s*", "", expected)
+    return f"{path}: got {shown}, expected {expected}"
+
+
+def _format_path(loc: list[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(root)"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

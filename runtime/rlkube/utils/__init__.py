@@ -1,0 +1,1 @@
+"""RLightning-compatible import homes (``rlkube.utils.registry``)."""
