@@ -330,7 +330,9 @@ class LogSpec(_Model):
 class RLJobSpec(_Model):
     """The ``spec`` of an RLJob."""
 
-    image: str = Field("ghcr.io/rlkube/rlkube:0.1.0", description="Image of the train and eval pods.")
+    image: str | None = Field(
+        None, description="Image of the train and eval pods; default: the operator's default image."
+    )
     engine: Engine = Field(Engine.SYNC)
     imports: list[str] = Field(
         default_factory=list, description="Modules imported at start-up so their @POLICIES.register runs."
