@@ -209,3 +209,17 @@ def test_the_wheel_builds_from_the_build_context_alone(tmp_path: Path) -> None:
         assert needed in names, f"{needed} missing from the wheel"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "rlkube = rlkube.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_make_image_gpu_pairs_a_cuda_base_with_the_torch_index_of_the_same_cuda_version() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    base = re.search(r"^GPU_BASE_IMAGE \?= (\S+)$", makefile, re.M)
+    index = re.search(r"^GPU_TORCH_INDEX \?= (\S+)$", makefile, re.M)
+    assert base
+    assert index
+    cuda = re.search(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-", base[1])
+    assert cuda, base[1]
+    assert index[1].endswith(f"/cu{cuda[1]}{cuda[2]}"), (base[1], index[1])
+    header = DOCKERFILE.read_text()
+    assert f"BASE_IMAGE={base[1]}" in header
+    assert f"TORCH_INDEX={index[1]}" in header
