@@ -41,7 +41,8 @@ COPY runtime ./runtime
 COPY operator ./operator
 RUN uv build --wheel --out-dir /wheels . \
     && uv pip install --python /opt/venv/bin/python /wheels/rlkube-*.whl \
-    && /opt/venv/bin/rlkube --version
+    && /opt/venv/bin/rlkube --version \
+    && /opt/venv/bin/python -c "import torch, gymnasium, grpc, kopf, rlkube.spec, rlkube_operator.rbac"
 
 FROM ${BASE_IMAGE} AS runtime
 ARG VERSION=0.1.0

@@ -223,3 +223,11 @@ def test_make_image_gpu_pairs_a_cuda_base_with_the_torch_index_of_the_same_cuda_
     header = DOCKERFILE.read_text()
     assert f"BASE_IMAGE={base[1]}" in header
     assert f"TORCH_INDEX={index[1]}" in header
+
+
+def test_image_installs_the_torch_release_the_project_pins() -> None:
+    builder = next(s for s in STAGES if s.name == "builder")
+    args = dict(a.partition("=")[::2] for a in builder.values("ARG"))
+    pinned = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert pinned
+    assert args["TORCH_VERSION"] == pinned[1]
