@@ -14,7 +14,8 @@
 #
 # Settings (environment): RLKUBE_E2E_CLUSTER (rlkube-e2e), RLKUBE_E2E_IMAGE (rlkube:e2e),
 # RLKUBE_E2E_NODE_IMAGE (kind's default; e.g. kindest/node:v1.33.1), RLKUBE_E2E_TIMEOUT (30m, for
-# Complete), RLKUBE_E2E_ARTIFACTS (runs/e2e: logs and events on failure).
+# Complete), RLKUBE_E2E_GC_TIMEOUT (120, seconds for garbage collection), RLKUBE_E2E_ARTIFACTS
+# (runs/e2e: logs and events on failure).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +24,7 @@ IMAGE="${RLKUBE_E2E_IMAGE:-rlkube:e2e}"
 NODE_IMAGE="${RLKUBE_E2E_NODE_IMAGE:-}"
 JOB_TIMEOUT="${RLKUBE_E2E_TIMEOUT:-30m}"
 ARTIFACTS="${RLKUBE_E2E_ARTIFACTS:-$ROOT/runs/e2e}"
+GC_TIMEOUT="${RLKUBE_E2E_GC_TIMEOUT:-120}"
 
 RELEASE=rlkube
 OPERATOR_NS=rlkube-system
@@ -43,7 +45,8 @@ DRY_RUN=0
 KEEP_CLUSTER=0
 REUSE_CLUSTER=0
 BUILD=1
-CLUSTER_UP=0
+HAVE_CLUSTER=0 # a cluster to dump diagnostics from
+OWN_CLUSTER=0  # a cluster this run created, and so deletes
 
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
@@ -132,7 +135,7 @@ check() {
   if ((DRY_RUN)); then
     return 0
   fi
-  "$@" || fail "$what"
+  "$@" || fail "this does not hold: $what"
 }
 
 k() { run "$KUBECTL" --context "kind-$CLUSTER" "$@"; }
@@ -172,10 +175,10 @@ dump_diagnostics() {
 on_exit() {
   local status=$?
   trap - EXIT
-  if ((status != 0 && CLUSTER_UP && !DRY_RUN)); then
+  if ((status != 0 && HAVE_CLUSTER && !DRY_RUN)); then
     dump_diagnostics
   fi
-  if ((CLUSTER_UP && !KEEP_CLUSTER)); then
+  if ((OWN_CLUSTER && !KEEP_CLUSTER)); then
     step "tear down"
     # shellcheck disable=SC2310 # best effort: a failed teardown must not hide the run's status
     run "$KIND" delete cluster --name "$CLUSTER" || true
@@ -186,23 +189,27 @@ trap on_exit EXIT
 
 # --- 0. prerequisites ------------------------------------------------------------------------
 step "prerequisites: docker (daemon up), kind, kubectl, helm"
+installed() { command -v "$1" >/dev/null; }
+docker_answers() { "$DOCKER" info >/dev/null 2>&1; }
 for tool in "$DOCKER" "$KIND" "$KUBECTL" "$HELM"; do
-  check "$tool is installed" command -v "$tool"
+  check "$tool is installed" installed "$tool"
 done
-check "the Docker daemon answers" "$DOCKER" info
+check "the Docker daemon answers" docker_answers
 echo "on failure: objects, events, operator and pod logs are written to $ARTIFACTS and tailed here"
 
 # --- 1. cluster -------------------------------------------------------------------------------
 if ((REUSE_CLUSTER)); then
   step "reuse kind cluster $CLUSTER"
   run "$KIND" export kubeconfig --name "$CLUSTER"
+  HAVE_CLUSTER=1
 else
   step "create kind cluster $CLUSTER"
   create=("$KIND" create cluster --name "$CLUSTER" --config "$ROOT/e2e/kind.yaml" --wait 180s)
   if [[ -n "$NODE_IMAGE" ]]; then
     create+=(--image "$NODE_IMAGE")
   fi
-  CLUSTER_UP=1
+  HAVE_CLUSTER=1
+  OWN_CLUSTER=1
   run "${create[@]}"
 fi
 
@@ -278,9 +285,9 @@ check "the job did not fail" \
 step "delete the job; everything it owned must go"
 k -n "$JOB_NS" delete "rlj/$JOB" --wait=true --timeout=120s
 left=""
-printf 'poll (120 s): kubectl get %s and pods -l %s\n' "$CHILDREN" "$JOB_SELECTOR"
+printf 'poll (%s s): kubectl get %s and pods -l %s\n' "$GC_TIMEOUT" "$CHILDREN" "$JOB_SELECTOR"
 if ((!DRY_RUN)); then
-  for _ in $(seq 60); do
+  for _ in $(seq $(((GC_TIMEOUT + 1) / 2))); do
     # shellcheck disable=SC2086 # CHILDREN is a list of names
     left="$("$KUBECTL" --context "kind-$CLUSTER" -n "$JOB_NS" get $CHILDREN --ignore-not-found -o name)"
     left+="$("$KUBECTL" --context "kind-$CLUSTER" -n "$JOB_NS" get pods,statefulsets,services,configmaps \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,57 @@ def test_kind_config_has_a_control_plane_and_two_workers() -> None:
     config = yaml.safe_load((ROOT / "e2e" / "kind.yaml").read_text())
     assert config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
     assert [n["role"] for n in config["nodes"]] == ["control-plane", "worker", "worker"]
+
+
+# --- the script's real path, against stand-in tools (tests/delivery/fake_cluster.py) ----------------
+
+
+def run_against_fakes(tmp_path: Path, scenario: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    fake = Path(__file__).with_name("fake_cluster.py")
+    for name in TOOLS:
+        (stubs / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" {name} "$@"\n')
+        (stubs / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("HELM", "KUBECTL", "KIND", "DOCKER")}
+    env |= {
+        "PATH": f"{stubs}{os.pathsep}{env['PATH']}",
+        "FAKE_LOG": str(log),
+        "FAKE_SCENARIO": scenario,
+        "RLKUBE_E2E_ARTIFACTS": str(tmp_path / "artifacts"),
+        "RLKUBE_E2E_GC_TIMEOUT": "1",
+    }
+    result = run_script(env=env)
+    return result, log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_healthy_run_passes_and_deletes_its_cluster(tmp_path: Path) -> None:
+    result, calls = run_against_fakes(tmp_path, "ok")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "==> e2e passed" in result.stdout
+    assert calls[0] == "docker info"
+    assert calls[-1] == "kind delete cluster --name rlkube-e2e"
+    assert not (tmp_path / "artifacts").exists(), "no diagnostics for a passing run"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "failure"),
+    [
+        ("train-restarted", "train pods kept their UIDs and restart counts"),
+        ("missing-column", "column RETURN"),
+        ("finished-early", "the job is still training"),
+        ("children-left", "no child of the job is left (left: statefulset.apps/cartpole-kind-train"),
+    ],
+)
+def test_a_failed_check_fails_the_run_dumps_diagnostics_and_still_tears_down(
+    tmp_path: Path, scenario: str, failure: str
+) -> None:
+    result, calls = run_against_fakes(tmp_path, scenario)
+    assert result.returncode == 1
+    assert f"e2e FAILED: this does not hold: {failure}" in result.stderr
+    artifacts = tmp_path / "artifacts"
+    for name in ("objects.txt", "events.txt", "operator.log"):
+        assert (artifacts / name).exists(), name
+    assert any(c.startswith("kubectl --context kind-rlkube-e2e -n rlkube-system logs") for c in calls)
+    assert calls[-1] == "kind delete cluster --name rlkube-e2e"
