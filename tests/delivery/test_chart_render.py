@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes_validate import utils
 from rlkube import contract
 from rlkube.spec import EvaluatorSpec, TrainerSpec
 
@@ -60,6 +61,12 @@ def test_every_rendered_object_is_valid_for_kubernetes_1_29_to_1_35(values: Valu
     assert not problems, "\n".join(problems)
     # Only the Prometheus Operator's ServiceMonitor has no built-in schema; it is checked below.
     assert unchecked <= {"monitoring.coreos.com/v1/ServiceMonitor"}, unchecked
+
+
+def test_installed_kubernetes_validate_has_schemas_for_every_version_tested() -> None:
+    # validate() silently falls back to the newest older schema; make sure none is missing.
+    available = {utils.major_minor(v) for v in utils.all_versions()}
+    assert set(KUBERNETES_VERSIONS) <= available, sorted(available)
 
 
 def test_chart_refuses_kubernetes_older_than_1_29() -> None:
