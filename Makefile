@@ -58,3 +58,43 @@ bench: $(VENV)/.base
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
+
+# --- Delivery: the image, the chart, the kind end-to-end run ------------------------------------
+#   make image       build the CPU image rlkube:<version> (needs Docker)
+#   make image-gpu   build the CUDA image rlkube:<version>-cuda (needs Docker)
+#   make chart       lint the Helm chart and package it into dist/
+#   make e2e         run e2e/run.sh on a throw-away kind cluster (needs Docker and kind; E2E_ARGS=--dry-run)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+REVISION := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+DOCKER ?= docker
+IMAGE ?= rlkube:$(VERSION)
+GPU_IMAGE ?= rlkube:$(VERSION)-cuda
+# Keep the CUDA base and the torch wheel index on the same CUDA major version.
+GPU_BASE_IMAGE ?= nvidia/cuda:13.0.1-runtime-ubuntu24.04
+GPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cu130
+E2E_ARGS ?=
+
+.PHONY: image image-gpu chart e2e lint-delivery
+
+image:
+	$(DOCKER) build --tag $(IMAGE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) .
+
+image-gpu:
+	$(DOCKER) build --tag $(GPU_IMAGE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
+		--build-arg BASE_IMAGE=$(GPU_BASE_IMAGE) --build-arg TORCH_INDEX=$(GPU_TORCH_INDEX) .
+
+chart: $(VENV)/.dev
+	$(VENV)/bin/helm lint --strict charts/rlkube
+	$(VENV)/bin/helm lint --strict charts/rlkube --values charts/rlkube/values-gpu.yaml
+	$(VENV)/bin/helm package charts/rlkube --destination dist
+
+e2e: $(VENV)/.dev
+	HELM="$(abspath $(VENV)/bin/helm)" bash e2e/run.sh $(E2E_ARGS)
+
+# The delivery linters on their own (tests/delivery runs them too, inside `make test`).
+lint-delivery: $(VENV)/.dev
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/shellcheck e2e/run.sh
+	$(VENV)/bin/yamllint --strict -c tests/delivery/yamllint.yaml charts/rlkube/Chart.yaml \
+		charts/rlkube/values.yaml charts/rlkube/values-gpu.yaml examples/rljob-kind.yaml \
+		examples/rljob-gpu.yaml e2e/kind.yaml
