@@ -572,3 +572,20 @@ def _generation(job: RLJob) -> int:
         return int(extra.get("generation", 0))
     except (TypeError, ValueError):
         return 0
+
+
+def status_patch(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch that turns ``previous`` into ``new`` (keys that went away become null)."""
+    old = dict(previous or {})
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = status_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif before != value:
+            patch[key] = value
+    return patch

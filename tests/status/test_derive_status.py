@@ -286,3 +286,19 @@ def test_the_status_validates_against_the_crd_schema() -> None:
         invalid_spec_status(None, ["x"], generation=1, now=T0).status,
     ):
         jsonschema.Draft4Validator(schema).validate(status)
+
+
+def test_status_patch_turns_the_old_status_into_the_new_one() -> None:
+    from rlkube_operator.status import status_patch
+
+    from tests.operator.emulator.patches import merge_patch
+
+    old = step(None, READY, RUNNING, at=T0).status
+    old["progress"]["evalReturn"] = 5.0
+    new = step(
+        old, Children(), CoordinatorReport(phase="Running", epoch=5), at=T0 + timedelta(minutes=1)
+    ).status
+    patch = status_patch(old, new)
+    assert patch["progress"]["evalReturn"] is None
+    assert merge_patch(old, patch) == new
+    assert status_patch(new, new) == {}

@@ -85,7 +85,9 @@ def schema_errors(schema: dict[str, Any], value: Any, *, root: str = "") -> list
             problems.append(f"{_path([*parts, missing])}: Required value")
         elif kind == "enum":
             options = ", ".join(json.dumps(o) for o in detail)
-            problems.append(f"{path}: Unsupported value: {_show(error.instance)}: supported values: {options}")
+            problems.append(
+                f"{path}: Unsupported value: {_show(error.instance)}: supported values: {options}"
+            )
         elif kind == "type":
             problems.append(
                 f"{path}: Invalid value: {_show(error.instance)}: {path} in body must be of type {detail}: "
@@ -93,24 +95,32 @@ def schema_errors(schema: dict[str, Any], value: Any, *, root: str = "") -> list
             )
         elif kind == "minimum":
             op = "greater than" if error.schema.get("exclusiveMinimum") else "greater than or equal to"
-            problems.append(f"{path}: Invalid value: {_show(error.instance)}: {path} in body should be {op} {detail}")
+            problems.append(
+                f"{path}: Invalid value: {_show(error.instance)}: {path} in body should be {op} {detail}"
+            )
         elif kind == "maximum":
             op = "less than" if error.schema.get("exclusiveMaximum") else "less than or equal to"
-            problems.append(f"{path}: Invalid value: {_show(error.instance)}: {path} in body should be {op} {detail}")
+            problems.append(
+                f"{path}: Invalid value: {_show(error.instance)}: {path} in body should be {op} {detail}"
+            )
         elif kind == "pattern":
             problems.append(
                 f"{path}: Invalid value: {_show(error.instance)}: {path} in body should match '{detail}'"
             )
         elif kind in ("maxLength", "minLength"):
             word = "at most" if kind == "maxLength" else "at least"
+            shown = _show(error.instance)
             problems.append(
-                f"{path}: Invalid value: {_show(error.instance)}: {path} in body should be {word} {detail} chars long"
+                f"{path}: Invalid value: {shown}: {path} in body should be {word} {detail} chars long"
             )
         elif kind in ("maxItems", "minItems"):
             word = "at most" if kind == "maxItems" else "at least"
             problems.append(f"{path}: Too many: {len(error.instance)}: must have {word} {detail} items")
         elif kind == "anyOf":
-            problems.append(f"{path}: Invalid value: {_show(error.instance)}: {path} in body must be of type integer or string")
+            shown = _show(error.instance)
+            problems.append(
+                f"{path}: Invalid value: {shown}: {path} in body must be of type integer or string"
+            )
         else:
             problems.append(f"{path}: Invalid value: {error.message}")
     return problems
@@ -155,7 +165,10 @@ def admit(schema: dict[str, Any], obj: dict[str, Any]) -> tuple[dict[str, Any], 
             stored[key] = obj[key]
     stored = apply_defaults(schema, stored)
     checked = {k: v for k, v in stored.items() if k not in ("metadata", "apiVersion", "kind")}
-    subschema = {**schema, "properties": {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}}
+    subschema = {
+        **schema,
+        "properties": {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"},
+    }
     name = obj.get("metadata", {}).get("name", "")
     name_schema = schema.get("properties", {}).get("metadata", {}).get("properties", {}).get("name")
     problems = schema_errors(subschema, checked)
