@@ -9,6 +9,18 @@ import sys
 import yaml
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the ConfigMap's job.yaml) as literal blocks, for people to read."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_BlockDumper.add_representer(str, _represent_str)
+
+
 def render_command(args: argparse.Namespace) -> int:
     """Print the objects the operator would create for a job file (operator defaults from the env)."""
     from rlkube.jobfile import load_job
@@ -22,7 +34,7 @@ def render_command(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"rlkube render: {exc}", file=sys.stderr)
         return 2
-    print(yaml.safe_dump_all(render(job, settings.render), sort_keys=False), end="")
+    print(yaml.dump_all(render(job, settings.render), Dumper=_BlockDumper, sort_keys=False), end="")
     return 0
 
 

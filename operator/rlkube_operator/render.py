@@ -6,7 +6,8 @@ the handlers server-side apply. One builder per object, each tested on its own (
 Objects of a job ``J`` in namespace ``N`` (names from :mod:`rlkube.contract`):
 
 * ConfigMap ``J-job``: the job manifest at ``job.yaml``, without ``spec.evaluator.replicas`` (the
-  live eval count is the StatefulSet's, so scaling never touches this ConfigMap).
+  live eval count is the StatefulSet's, so scaling never touches this ConfigMap) and without
+  labels and annotations (so relabelling a job does not roll its pods).
 * Service ``J-train`` (headless, ``publishNotReadyAddresses``): stable DNS for every train rank,
   published before readiness so rank 0's address resolves while the ranks start.
 * Service ``J-coordinator``: train rank 0's coordinator port.
@@ -75,9 +76,8 @@ def job_document(job: RLJob) -> dict[str, Any]:
     """The manifest the pods read: the spec without ``evaluator.replicas`` and without server fields."""
     spec = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     spec.get("evaluator", {}).pop("replicas", None)
-    metadata: dict[str, Any] = {"name": job.name, "namespace": job.namespace}
-    if job.metadata.labels:
-        metadata["labels"] = dict(job.metadata.labels)
+    # Labels and annotations stay out: relabelling a job must not roll its pods.
+    metadata = {"name": job.name, "namespace": job.namespace}
     return {"apiVersion": job.api_version, "kind": job.kind, "metadata": metadata, "spec": spec}
 
 

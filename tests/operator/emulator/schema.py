@@ -16,6 +16,26 @@ import celpy
 import jsonschema
 
 
+def unknown_fields(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
+    """Paths of fields the schema does not know (what ``fieldValidation=Strict`` refuses)."""
+    found: list[str] = []
+    if isinstance(value, dict) and schema.get("type") in ("object", None):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else key
+            if key in props:
+                found += unknown_fields(props[key], item, here)
+            elif isinstance(extra, dict):
+                found += unknown_fields(extra, item, here)
+            elif not (schema.get("x-kubernetes-preserve-unknown-fields") or extra is True):
+                found.append(here)
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            found += unknown_fields(schema["items"], item, f"{path}[{index}]")
+    return found
+
+
 def prune(schema: dict[str, Any], value: Any) -> Any:
     """Drop nulls (no field here is nullable) and fields the schema does not know."""
     if isinstance(value, dict) and schema.get("type") in ("object", None):

@@ -298,7 +298,8 @@ class Emulator(kmock.KubernetesEmulator):
         if method == "POST" and request.name is None:
             if rtype.namespaced and ns is None:
                 raise api_error(405, "MethodNotAllowed", "create needs a namespace in the path")
-            return json_answer(self.store.create(rtype, ns, request.data), status=201)
+            strict = request.params.get("fieldValidation") == "Strict"
+            return json_answer(self.store.create(rtype, ns, request.data, strict=strict), status=201)
         if method == "PUT" and request.name:
             return self._replace(request, rtype, ns)
         if method == "PATCH" and request.name:

@@ -187,8 +187,17 @@ class Store:
             listener(rtype, event)
 
     def create(
-        self, rtype: ResourceType, namespace: str | None, body: Any, *, keep_status: bool = False
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        body: Any,
+        *,
+        keep_status: bool = False,
+        admit: bool = True,
+        strict: bool = False,
     ) -> dict[str, Any]:
+        """Create an object. ``admit=False`` stores it unchecked, as if written under an older,
+        looser CRD; ``strict`` refuses unknown fields (``?fieldValidation=Strict``)."""
         if not isinstance(body, dict):
             raise api_error(400, "BadRequest", "the request body must be a JSON object")
         obj = copy.deepcopy(body)
@@ -243,7 +252,8 @@ class Store:
             meta["generation"] = 1
         if rtype.has_status and not keep_status:
             obj.pop("status", None)
-        obj = self._admit(rtype, obj)
+        if admit:
+            obj = self._admit(rtype, obj, strict=strict)
         if rtype.kind == "CustomResourceDefinition":
             obj["status"] = _crd_status(obj)
         self._commit(rtype, "ADDED", obj, None)
@@ -254,9 +264,13 @@ class Store:
             self._cap_events(rtype, obj)
         return obj
 
-    def _admit(self, rtype: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def _admit(self, rtype: ResourceType, obj: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
         if rtype.schema is None:
             return obj
+        unknown = crdschema.unknown_fields(rtype.schema, {k: v for k, v in obj.items() if k != "metadata"})
+        if strict and unknown:
+            quoted = ", ".join(f'unknown field "{path}"' for path in unknown)
+            raise api_error(400, "BadRequest", f"strict decoding error: {quoted}")
         stored, problems = crdschema.admit(rtype.schema, obj)
         if problems:
             group = f".{rtype.group}" if rtype.group else ""
@@ -276,6 +290,20 @@ class Store:
             )
         return stored
 
+    def _admit_status(self, rtype: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        """A status write validates the status only, as the API server's status strategy does."""
+        status_schema = ((rtype.schema or {}).get("properties") or {}).get("status")
+        if status_schema is None or "status" not in obj:
+            return obj
+        obj["status"] = crdschema.prune(status_schema, obj["status"])
+        problems = crdschema.schema_errors(status_schema, obj["status"], root="status")
+        if problems:
+            name = obj["metadata"]["name"]
+            raise api_error(
+                422, "Invalid", f'{rtype.kind} "{name}" is invalid: ' + "; ".join(problems), name=name
+            )
+        return obj
+
     def update(
         self,
         rtype: ResourceType,
@@ -284,6 +312,7 @@ class Store:
         change: Callable[[dict[str, Any]], dict[str, Any]],
         *,
         subresource: str | None = None,
+        strict: bool = False,
     ) -> dict[str, Any]:
         live = self.get(rtype, namespace, name)
         if live is None:
@@ -321,7 +350,12 @@ class Store:
                 candidate["status"] = copy.deepcopy(live["status"])
             else:
                 candidate.pop("status", None)
-        candidate = self._admit(rtype, candidate)
+        if subresource == "status":
+            candidate = self._admit_status(rtype, candidate)
+        elif _content(candidate) != _content(live):
+            # Unchanged fields are not validated again (the API server's validation ratcheting), so an
+            # object stored under a looser schema can still get annotations and status.
+            candidate = self._admit(rtype, candidate, strict=strict)
         if _content(candidate) != _content(live) and "generation" in live["metadata"]:
             candidate["metadata"]["generation"] = int(live["metadata"]["generation"]) + 1
         if _comparable(candidate) == _comparable(live):
