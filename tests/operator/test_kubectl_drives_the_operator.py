@@ -60,7 +60,8 @@ def test_apply_example_creates_owned_children_with_the_env_contract(
         ], kind
     train = k.get("statefulset", "cartpole-ppo-train")
     evals = k.get("statefulset", "cartpole-ppo-eval")
-    assert train is not None and evals is not None
+    assert train is not None
+    assert evals is not None
     assert env_names(train) == list(c.contract_names(Role.TRAIN))
     assert env_names(evals) == list(c.contract_names(Role.EVAL))
     assert (train["spec"]["replicas"], evals["spec"]["replicas"]) == (2, 4)
@@ -85,12 +86,14 @@ def test_scale_changes_only_the_eval_statefulset(
     wait_for(lambda: (k.get("statefulset", "scaled-eval") or {}).get("spec", {}).get("replicas") == 5)
     wait_for(lambda: (k.get("rlj", "scaled") or {}).get("status", {}).get("eval", {}).get("ready") == "5/5")
     train_after = k.get("statefulset", "scaled-train")
-    assert train_after is not None and train_before is not None
+    assert train_after is not None
+    assert train_before is not None
     assert train_after["spec"] == train_before["spec"]
     assert train_after["metadata"]["generation"] == train_before["metadata"]["generation"]
     assert pod_uids(k, f"{c.LABEL_JOB}=scaled,{c.LABEL_ROLE}=train") == pods_before
     config = k.get("configmap", "scaled-job")
-    assert config is not None and "replicas: 5" not in config["data"]["job.yaml"]
+    assert config is not None
+    assert "replicas: 5" not in config["data"]["job.yaml"]
     scale = json.loads(
         k("get", "--raw", f"/apis/rlkube.io/v1alpha1/namespaces/{k.namespace}/rljobs/scaled/scale").stdout
     )
@@ -148,7 +151,8 @@ def test_wait_for_complete_returns_when_the_job_ends(
     wait_for(lambda: (k.get("statefulset", "ends-eval") or {}).get("spec", {}).get("replicas") == 0)
     wait_for(lambda: not pod_uids(k, f"{c.LABEL_JOB}=ends"))
     final = k.get("rlj", "ends")
-    assert final is not None and final["status"]["progress"]["epoch"] == 3
+    assert final is not None
+    assert final["status"]["progress"]["epoch"] == 3
     assert final["status"]["progress"]["envSteps"] == 12288
     assert final["status"]["phase"] == "Complete"
 
