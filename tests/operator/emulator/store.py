@@ -93,6 +93,8 @@ class Store:
         self.listeners: list[Listener] = []
         self.uids: dict[str, tuple[ResourceType, str | None, str]] = {}
         self.event_keys: deque[Any] = deque()
+        #: type -> keys of its live objects, so a list does not visit every object of every type
+        self.index: dict[tuple[str, str, str], dict[tuple[Any, str | None, str], None]] = {}
         self._changed: asyncio.Event | None = None
         for rtype in BUILTINS:
             self.register(rtype)
@@ -121,9 +123,11 @@ class Store:
 
     def items(self, rtype: ResourceType, namespace: str | None = None) -> list[dict[str, Any]]:
         out = []
-        for (resource, ns, _), obj in self.objects.items():
-            if resource == rtype.key and not obj.deleted and (namespace is None or ns == namespace):
-                out.append(obj.raw)
+        for key in self.index.get((rtype.group, rtype.version, rtype.plural), {}):
+            if namespace is None or key[1] == namespace:
+                obj = self.objects[key]
+                if not obj.deleted:
+                    out.append(obj.raw)
         return out
 
     # Watch support -----------------------------------------------------------------------------
@@ -171,6 +175,10 @@ class Store:
         if key in self.objects and len(self.objects[key].history) > HISTORY_KEPT:
             del self.objects[key].history[:-HISTORY_KEPT]
         ident = (rtype.group, rtype.version, rtype.plural)
+        if kind == "DELETED":
+            self.index.get(ident, {}).pop(key, None)
+        else:
+            self.index.setdefault(ident, {})[key] = None
         log = self.log.setdefault(ident, deque())
         log.append(WatchEvent(self.rv, kind, copy.deepcopy(obj), copy.deepcopy(old) if old else None))
         if len(log) > EVENT_LOG_SIZE:
@@ -435,6 +443,7 @@ class Store:
         self.event_keys.append(self._key(rtype, obj["metadata"]["namespace"], obj["metadata"]["name"]))
         while len(self.event_keys) > MAX_EVENTS:
             key = self.event_keys.popleft()
+            self.index.get((rtype.group, rtype.version, rtype.plural), {}).pop(key, None)
             if key in self.objects:
                 del self.objects[key]
 
