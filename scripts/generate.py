@@ -3,7 +3,8 @@
 Usage: python scripts/generate.py [--check]
 
 Writes crds/rljob.yaml, charts/rlkube/crds/rljob.yaml (when charts/rlkube exists),
-docs/rljob-reference.md, and runs scripts/gen_proto.py for runtime/rlkube/_proto.
+docs/rljob-reference.md, docs/operator.md (settings, ports, metrics, RBAC), and runs
+scripts/gen_proto.py for runtime/rlkube/_proto.
 --check writes nothing and exits 1 naming every file that differs from what would be generated.
 """
 
@@ -30,10 +31,14 @@ def crd_yaml() -> str:
 
 
 def targets() -> dict[Path, str]:
-    from rlkube_operator.reference import reference_markdown
+    from rlkube_operator.reference import operator_markdown, reference_markdown
 
     text = crd_yaml()
-    files = {ROOT / "crds" / "rljob.yaml": text, ROOT / "docs" / "rljob-reference.md": reference_markdown()}
+    files = {
+        ROOT / "crds" / "rljob.yaml": text,
+        ROOT / "docs" / "rljob-reference.md": reference_markdown(),
+        ROOT / "docs" / "operator.md": operator_markdown(),
+    }
     chart = ROOT / "charts" / "rlkube"
     if chart.is_dir():
         files[chart / "crds" / "rljob.yaml"] = text

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("crd", help="print the RLJob CustomResourceDefinition (YAML)")
 
-    operator = sub.add_parser("operator", help="run the kopf operator")
+    # add_help=False: `rlkube operator --help` is answered by the operator's own parser.
+    operator = sub.add_parser("operator", help="run the kopf operator", add_help=False)
     operator.add_argument("kopf_args", nargs=argparse.REMAINDER, help="extra arguments for `kopf run`")
 
     bench = sub.add_parser("bench", help="benchmarks (from a source checkout)")

@@ -64,6 +64,10 @@ def free_port() -> int:
 def kubectl(
     kubeconfig: Path, *args: str, input: str | None = None, timeout: float = 120.0, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
+    if not Path(KUBECTL).is_file():
+        import pytest
+
+        pytest.skip("kubectl is not installed")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     cache = kubeconfig.parent / "kubectl-cache"
     result = subprocess.run(
@@ -101,11 +105,13 @@ class OperatorProcess:
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None
+        # The whole cluster unless the environment names namespaces.
+        self.scope = [] if self.env.get("RLKUBE_WATCH_NAMESPACES") else ["--all-namespaces"]
 
     def start(self) -> OperatorProcess:
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rlkube.cli", "operator", "--all-namespaces"],
+            [sys.executable, "-m", "rlkube.cli", "operator", *self.scope],
             env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -242,8 +242,23 @@ def test_operator_serves_healthz_and_prometheus_metrics(operator: OperatorProces
     assert re.search(r'rlkube_operator_jobs\{phase="Running"\} \d', text)
 
 
-def test_the_operator_used_only_verbs_listed_in_rbac(cluster: Any, operator: OperatorProcess) -> None:
-    """Runs last in this module: every request the operator made so far is allowed by rbac.RULES."""
+#: Listed in rbac.RULES but not exercised here: server-side apply creates objects with PATCH (some
+#: API servers and policy engines also check create), NetworkPolicies are off by default, and
+#: kopf watches namespaces only for glob namespace patterns.
+NOT_EXERCISED = {
+    ("apps", "statefulsets", "create"),
+    ("", "services", "create"),
+    ("", "configmaps", "create"),
+    ("networking.k8s.io", "networkpolicies", "create"),
+    ("networking.k8s.io", "networkpolicies", "patch"),
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
+}
+
+
+def test_the_operator_used_exactly_the_verbs_listed_in_rbac(cluster: Any, operator: OperatorProcess) -> None:
+    """Runs last in this module: every request the operator made is allowed by rbac.RULES, and every
+    rule was needed (or is one of the few the tests cannot reach)."""
     from rlkube_operator.rbac import RULES
 
     from tests.operator.emulator.cluster import OPERATOR_TOKEN
@@ -252,9 +267,7 @@ def test_the_operator_used_only_verbs_listed_in_rbac(cluster: Any, operator: Ope
         (g, r, v) for rule in RULES for g in rule.api_groups for r in rule.resources for v in rule.verbs
     }
     used = {
-        (group, resource, verb)
-        for token, verb, group, resource, _ in cluster.emulator.audit
-        if token == OPERATOR_TOKEN
+        (group, res, verb) for token, verb, group, res, _ in cluster.emulator.audit if token == OPERATOR_TOKEN
     }
-    assert used, "the operator made no requests?"
     assert used <= allowed, sorted(used - allowed)
+    assert allowed - used == NOT_EXERCISED, sorted(allowed - used)
