@@ -126,6 +126,16 @@ def operator_markdown() -> str:
     for family in metrics.REGISTRY.collect():
         suffix = "_total" if family.type == "counter" else ""
         lines.append(f"| `{family.name}{suffix}` | {family.type} | {_text(family.documentation)} |")
+    lines += [
+        "",
+        "## Trying it without a cluster",
+        "",
+        "`make cluster` (`python -m tests.operator.cluster [--simulate-training]`) starts the API",
+        "emulator of tests/operator with this operator and prints the KUBECONFIG to export; pods",
+        "are reported Running and Ready without running anything, and `--simulate-training` fakes",
+        "each job's coordinator so phases, columns and `kubectl wait` can be watched. kubectl",
+        "needs `--validate=false` for `apply` there (the emulator serves no OpenAPI document).",
+    ]
     lines += ["", "## RBAC", "", "Exactly what the operator uses (`operator/rlkube_operator/rbac.py`).", ""]
     lines += ["| scope | apiGroups | resources | verbs | why |", "|---|---|---|---|---|"]
     for scope, rules in (("namespaced", NAMESPACED_RULES), ("cluster", CLUSTER_RULES)):
