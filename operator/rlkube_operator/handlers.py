@@ -69,8 +69,8 @@ def _run(handler: str, work: Any, *, body: kopf.Body, patch: kopf.Patch) -> None
             if exc.retryable:
                 raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from exc
             raise kopf.PermanentError(str(exc)) from exc
-        if outcome.status_patch and outcome.phase is not None and outcome.phase.value == "Failed":
-            metrics.ERRORS.labels(handler=handler).inc()  # an invalid spec, or a job that failed
+        if any(event.reason == "InvalidSpec" for event in outcome.events):
+            metrics.ERRORS.labels(handler=handler).inc()  # a spec the schema let through, refused here
         _publish(outcome, body=body, patch=patch)
 
 
