@@ -26,23 +26,35 @@ class Rule:
 
 #: Rules that hold in the namespaces the operator watches (a Role per namespace, or the ClusterRole).
 NAMESPACED_RULES: tuple[Rule, ...] = (
-    Rule(("rlkube.io",), ("rljobs",), ("get", "list", "watch", "patch", "delete"), "reconcile; TTL deletes"),
-    Rule(("rlkube.io",), ("rljobs/status",), ("get", "patch"), "write status and conditions"),
+    Rule(
+        ("rlkube.io",),
+        ("rljobs",),
+        ("list", "watch", "patch", "delete"),
+        "kopf watches jobs and patches its annotations; the TTL deletes finished jobs",
+    ),
+    Rule(("rlkube.io",), ("rljobs/status",), ("patch",), "write status and conditions"),
     Rule(
         ("apps",),
         ("statefulsets",),
-        ("get", "list", "watch", "create", "patch", "delete"),
-        "train and eval StatefulSets (server-side apply)",
+        ("get", "create", "patch"),
+        "train and eval StatefulSets: read status, server-side apply (create when missing)",
     ),
     Rule(
         ("",),
         ("services", "configmaps"),
-        ("get", "list", "watch", "create", "patch", "delete"),
-        "Services and the job's ConfigMap (server-side apply)",
+        ("create", "patch"),
+        "the job's Services and ConfigMap (server-side apply)",
     ),
-    Rule(("",), ("pods",), ("get", "list", "watch"), "count train restarts and ready pods"),
-    Rule(("",), ("events",), ("create", "patch"), "kopf posts events for transitions and errors"),
-    Rule(("events.k8s.io",), ("events",), ("create", "patch"), "kopf posts events (events.k8s.io)"),
+    Rule(
+        ("networking.k8s.io",),
+        ("networkpolicies",),
+        ("create", "patch"),
+        "the per-job NetworkPolicy when RLKUBE_NETWORK_POLICY is on (server-side apply)",
+    ),
+    Rule(("",), ("pods",), ("list",), "count train restarts from pod status"),
+    Rule(
+        ("",), ("events",), ("create",), "events for every transition and error (kopf posts core/v1 events)"
+    ),
 )
 
 #: Rules that are always cluster-scoped (kopf discovers resources and namespaces).
@@ -50,10 +62,15 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     Rule(
         ("apiextensions.k8s.io",),
         ("customresourcedefinitions",),
-        ("get", "list", "watch"),
+        ("list", "watch"),
         "kopf scans CRDs to find rljobs",
     ),
-    Rule(("",), ("namespaces",), ("get", "list", "watch"), "kopf follows namespaces it serves"),
+    Rule(
+        ("",),
+        ("namespaces",),
+        ("list", "watch"),
+        "kopf follows namespaces when RLKUBE_WATCH_NAMESPACES holds glob patterns",
+    ),
 )
 
 RULES: tuple[Rule, ...] = NAMESPACED_RULES + CLUSTER_RULES

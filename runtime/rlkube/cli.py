@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("crd", help="print the RLJob CustomResourceDefinition (YAML)")
 
-    operator = sub.add_parser("operator", help="run the kopf operator")
+    # add_help=False: `rlkube operator --help` is answered by the operator's own parser.
+    operator = sub.add_parser("operator", help="run the kopf operator", add_help=False)
     operator.add_argument("kopf_args", nargs=argparse.REMAINDER, help="extra arguments for `kopf run`")
 
     bench = sub.add_parser("bench", help="benchmarks (from a source checkout)")
@@ -72,7 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # argparse's REMAINDER does not take options that come first (`rlkube operator -A`), so the
+    # pass-through commands get every argument argparse did not know.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "operator":
+        args.kopf_args = [*extra, *args.kopf_args]
+    elif extra and args.command == "bench":
+        args.bench_args = [*args.bench_args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(_dispatch(args) or 0)
     except KeyboardInterrupt:

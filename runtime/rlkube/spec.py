@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -121,6 +129,33 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 Quantity = int | float | str
 ResourceList = dict[str, Quantity]
 DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]
+
+#: Bounds on user env entries; they also bound the cost the API server estimates for the CEL rules
+#: that check env names (an unbounded list of unbounded strings exceeds its budget).
+MAX_ENV_ENTRIES = 128
+MAX_ENV_NAME_LENGTH = 256
+
+
+def _check_env_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    name = entry.get("name")
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_ENV_NAME_LENGTH:
+        raise ValueError(f"an env entry with a 'name' of 1 to {MAX_ENV_NAME_LENGTH} characters")
+    return entry
+
+
+#: One container env entry as in a Pod (``name`` plus ``value`` or ``valueFrom``); kept a plain dict.
+EnvEntry = Annotated[
+    dict[str, Any],
+    AfterValidator(_check_env_entry),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1, "maxLength": MAX_ENV_NAME_LENGTH}},
+            "additionalProperties": True,
+        }
+    ),
+]
 
 
 class ObjectMeta(_Model):
@@ -266,8 +301,10 @@ class PodSpecOverrides(_Model):
     scheduler_name: str | None = None
     service_account_name: str | None = None
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    env: list[dict[str, Any]] = Field(
-        default_factory=list, description="Extra container env (names of the env contract are refused)."
+    env: list[EnvEntry] = Field(
+        default_factory=list,
+        max_length=MAX_ENV_ENTRIES,
+        description="Extra container env (names of the env contract are refused).",
     )
     labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")

@@ -1,0 +1,54 @@
+"""Ask a job's coordinator how training goes: ``PolicyGroup.GetStatus`` with a deadline (I/O).
+
+Returns :class:`rlkube_operator.status.CoordinatorReport` (no protobuf types leave this module),
+or ``None`` when the coordinator does not answer within the deadline: a job whose rank 0 is
+starting, restarting or gone is normal, not an operator error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+
+from rlkube_operator.status import CoordinatorReport, NodeReport
+
+
+def report_from_proto(message: pb.JobStatus) -> CoordinatorReport:
+    def number(value: float) -> float | None:
+        return None if math.isnan(value) else value
+
+    episodes = int(message.episodes)
+    return CoordinatorReport(
+        phase=message.phase or "Starting",
+        epoch=int(message.epoch),
+        max_epochs=int(message.max_epochs),
+        env_steps=int(message.env_steps),
+        episodes=episodes,
+        # proto3 has no "unset" double: a return means something only once an episode ended.
+        last_return=number(message.last_return) if episodes else None,
+        eval_return=number(message.eval_return) if message.eval_return else None,
+        weight_version=int(message.weight_version),
+        last_sync_time=float(message.last_sync_time),
+        steps_per_second=float(message.steps_per_second),
+        nodes=tuple(
+            NodeReport(node_name=n.node_name, version=int(n.version), lag=int(n.lag), workers=int(n.workers))
+            for n in message.nodes
+        ),
+        finished=bool(message.finished),
+        message=message.message,
+        fingerprints_consistent=bool(message.fingerprints_consistent) if message.workers else True,
+    )
+
+
+def get_status(target: str, *, timeout: float) -> CoordinatorReport | None:
+    """One GetStatus call; ``None`` when unreachable or past the deadline."""
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.PolicyGroupStub(channel)
+        try:
+            answer = stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return None
+    return report_from_proto(answer)

@@ -1,0 +1,132 @@
+"""The few Kubernetes API calls the operator makes, on plain dicts (I/O).
+
+Blocking (the official ``kubernetes`` client); the handlers call it through a thread pool.
+Every call here has a matching rule in :mod:`rlkube_operator.rbac`:
+
+* ``apply``   PATCH application/apply-patch+yaml (server-side apply, forced, one field manager)
+* ``get``     GET one object (StatefulSets, to read their status and spec hash)
+* ``list``    GET a collection with a label selector (the train pods, for restart counts)
+* ``delete``  DELETE (an RLJob whose ttlSecondsAfterFinished ran out; its children go by GC)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+
+#: kind -> (plural, namespaced) for the kinds the operator touches.
+PLURALS: dict[str, str] = {
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "StatefulSet": "statefulsets",
+    "Pod": "pods",
+    "NetworkPolicy": "networkpolicies",
+    "RLJob": "rljobs",
+}
+
+
+class ApiError(Exception):
+    """A non-2xx answer; ``status`` is the HTTP code, the message is the API server's."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in (409, 429) or self.status >= 500
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+    return f"{path}/{name}" if name else path
+
+
+@dataclass
+class Kube:
+    """One authenticated client (in-cluster service account, else the current kubeconfig)."""
+
+    api: client.ApiClient
+    field_manager: str
+    timeout: float
+
+    @classmethod
+    def connect(cls, *, field_manager: str, timeout: float) -> Kube:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return cls(api=client.ApiClient(), field_manager=field_manager, timeout=timeout)
+
+    def close(self) -> None:
+        self.api.close()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        serialized = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*serialized, _request_timeout=self.timeout)
+        response.read()
+        text = response.data.decode("utf-8") if response.data else ""
+        if not 200 <= response.status < 300:
+            try:
+                payload = json.loads(text)
+                reason, message = payload.get("reason", ""), payload.get("message", text)
+            except ValueError:
+                reason, message = "", text
+            raise ApiError(response.status, reason or str(response.reason), message)
+        return json.loads(text) if text else None
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", self.field_manager), ("force", "true")]
+        return self._call("PATCH", path, query=query, body=obj, content_type="application/apply-patch+yaml")
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", object_path(api_version, kind, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(
+        self, api_version: str, kind: str, namespace: str, *, label_selector: str
+    ) -> list[dict[str, Any]]:
+        answer = self._call(
+            "GET", object_path(api_version, kind, namespace), query=[("labelSelector", label_selector)]
+        )
+        return list(answer.get("items", []))
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete with background propagation; False when it was already gone."""
+        try:
+            self._call(
+                "DELETE",
+                object_path(api_version, kind, namespace, name),
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

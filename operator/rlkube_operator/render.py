@@ -1,0 +1,398 @@
+"""RLJob -> the Kubernetes objects that run it.
+
+Pure: no I/O, no clock, no kopf or Kubernetes client; every function returns plain dicts that
+the handlers server-side apply. One builder per object, each tested on its own (tests/render/).
+
+Objects of a job ``J`` in namespace ``N`` (names from :mod:`rlkube.contract`):
+
+* ConfigMap ``J-job``: the job manifest at ``job.yaml``, without ``spec.evaluator.replicas`` (the
+  live eval count is the StatefulSet's, so scaling never touches this ConfigMap) and without
+  labels and annotations (so relabelling a job does not roll its pods).
+* Service ``J-train`` (headless, ``publishNotReadyAddresses``): stable DNS for every train rank,
+  published before readiness so rank 0's address resolves while the ranks start.
+* Service ``J-coordinator``: train rank 0's coordinator port.
+* Service ``J-eval`` (headless): the eval StatefulSet's governing Service.
+* StatefulSet ``J-train``: DDP ranks, ``Parallel`` pod management, rank from the pod-index label.
+* StatefulSet ``J-eval``: rollout workers; ``kubectl scale rlj/J`` changes only its replicas.
+* NetworkPolicy ``J-train`` (when the operator enables it).
+
+The ``rlkube.io/spec-hash`` annotation is a digest of the spec without ``evaluator.replicas`` and
+of the operator's render settings: it is on every object and every pod template, so a spec
+change rolls the pods, and a scale does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import yaml
+from rlkube import contract as c
+from rlkube.contract import Role
+from rlkube.spec import PodSpecOverrides, RLJob, WeightStrategy
+
+from rlkube_operator.settings import RenderSettings
+
+ANNOTATION_SPEC_HASH = "rlkube.io/spec-hash"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "rlkube-operator"
+LABEL_POD_NAME = "statefulset.kubernetes.io/pod-name"
+CONTAINER_NAME = {Role.TRAIN: "train", Role.EVAL: "eval"}
+POD_COMMAND = ["rlkube", "pod"]
+
+PORTS = {"rendezvous": c.MASTER_PORT, "coordinator": c.COORDINATOR_PORT, "weights": c.WEIGHT_PORT}
+
+
+def eval_service_name(job: str) -> str:
+    """The eval StatefulSet's governing (headless) Service."""
+    return f"{job}-eval"
+
+
+def network_policy_name(job: str) -> str:
+    return f"{job}-train"
+
+
+def render(job: RLJob, settings: RenderSettings, *, stopped: bool = False) -> list[dict[str, Any]]:
+    """Every object of the job, in apply order. ``stopped`` scales both StatefulSets to zero."""
+    objects = [
+        render_config_map(job, settings),
+        render_train_service(job, settings),
+        render_coordinator_service(job, settings),
+        render_eval_service(job, settings),
+        render_train_statefulset(job, settings, stopped=stopped),
+        render_eval_statefulset(job, settings, stopped=stopped),
+    ]
+    if settings.network_policy:
+        objects.append(render_network_policy(job, settings))
+    return objects
+
+
+# Shared pieces -------------------------------------------------------------------------------
+
+
+def job_document(job: RLJob) -> dict[str, Any]:
+    """The manifest the pods read: the spec without ``evaluator.replicas`` and without server fields."""
+    spec = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec.get("evaluator", {}).pop("replicas", None)
+    # Labels and annotations stay out: relabelling a job must not roll its pods.
+    metadata = {"name": job.name, "namespace": job.namespace}
+    return {"apiVersion": job.api_version, "kind": job.kind, "metadata": metadata, "spec": spec}
+
+
+def spec_hash(job: RLJob, settings: RenderSettings) -> str:
+    """Digest of what shapes the pods; replica counts of the eval role are left out."""
+    payload = {"job": job_document(job)["spec"], "settings": settings.digest_input()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def role_labels(job: RLJob, role: Role) -> dict[str, str]:
+    return {c.LABEL_JOB: job.name, c.LABEL_ROLE: role.value}
+
+
+def owner_references(job: RLJob) -> list[dict[str, Any]]:
+    uid = (job.metadata.model_extra or {}).get("uid")
+    if not uid:
+        return []  # rendered from a file: no owner yet
+    return [
+        {
+            "apiVersion": job.api_version,
+            "kind": job.kind,
+            "name": job.name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def _metadata(job: RLJob, settings: RenderSettings, name: str, role: Role | None) -> dict[str, Any]:
+    labels = {c.LABEL_JOB: job.name, LABEL_MANAGED_BY: MANAGED_BY}
+    if role is not None:
+        labels[c.LABEL_ROLE] = role.value
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": labels,
+        "annotations": {ANNOTATION_SPEC_HASH: spec_hash(job, settings)},
+    }
+    owners = owner_references(job)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta
+
+
+# ConfigMap and Services ----------------------------------------------------------------------
+
+
+def render_config_map(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, settings, c.config_map_name(job.name), None),
+        "data": {c.JOB_CONFIG_KEY: yaml.safe_dump(job_document(job), sort_keys=False)},
+    }
+
+
+def _service_ports(names: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [{"name": n, "port": PORTS[n], "targetPort": PORTS[n], "protocol": "TCP"} for n in names]
+
+
+def render_train_service(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, settings, c.train_service_name(job.name), Role.TRAIN),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": role_labels(job, Role.TRAIN),
+            "ports": _service_ports(("rendezvous", "coordinator", "weights")),
+        },
+    }
+
+
+def render_coordinator_service(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
+    rank0 = f"{c.train_statefulset_name(job.name)}-0"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, settings, c.coordinator_service_name(job.name), Role.TRAIN),
+        "spec": {
+            "type": "ClusterIP",
+            "publishNotReadyAddresses": True,
+            "selector": {**role_labels(job, Role.TRAIN), LABEL_POD_NAME: rank0},
+            "ports": _service_ports(("coordinator", "weights")),
+        },
+    }
+
+
+def render_eval_service(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, settings, eval_service_name(job.name), Role.EVAL),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": role_labels(job, Role.EVAL),
+            # A headless Service without ports is valid; eval pods serve nothing.
+        },
+    }
+
+
+def render_network_policy(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
+    """Only this job's pods reach the train ranks' ports; the operator reaches the coordinator."""
+    own_pods = {"podSelector": {"matchLabels": {c.LABEL_JOB: job.name}}}
+    operator = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}},
+        "podSelector": {"matchLabels": dict(settings.operator_pod_labels)},
+    }
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, settings, network_policy_name(job.name), Role.TRAIN),
+        "spec": {
+            "podSelector": {"matchLabels": role_labels(job, Role.TRAIN)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [own_pods],
+                    "ports": [{"protocol": "TCP", "port": p} for p in PORTS.values()],
+                },
+                {"from": [operator], "ports": [{"protocol": "TCP", "port": c.COORDINATOR_PORT}]},
+            ],
+        },
+    }
+
+
+# Pods ----------------------------------------------------------------------------------------
+
+
+def contract_env(job: RLJob, role: Role) -> list[dict[str, Any]]:
+    """Exactly the env contract's names for ``role``, in table order, values or downward-API refs."""
+    world = str(job.spec.trainer.replicas)
+    master = c.master_addr(job.name, job.namespace)
+    static = {
+        "RLKUBE_JOB_NAME": job.name,
+        "RLKUBE_ROLE": role.value,
+        "RLKUBE_COORDINATOR_ADDR": c.coordinator_addr(job.name, job.namespace),
+        "RLKUBE_SHM_DIR": c.SHM_DIR,
+        "RLKUBE_RUN_DIR": c.RUN_DIR,
+        "RLKUBE_JOB_CONFIG": c.JOB_CONFIG_PATH,
+        "RLKUBE_BACKEND": job.spec.resolved_backend().value,
+        "RLKUBE_WEIGHT_PORT": str(c.WEIGHT_PORT),
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(c.MASTER_PORT),
+        "PET_NNODES": world,
+        "PET_NPROC_PER_NODE": "1",
+        "PET_MASTER_ADDR": master,
+        "PET_MASTER_PORT": str(c.MASTER_PORT),
+    }
+    env: list[dict[str, Any]] = []
+    for var in c.ENV_CONTRACT:
+        if role not in var.roles:
+            continue
+        if var.source.startswith("downward:"):
+            field_path = var.source.removeprefix("downward:")
+            env.append(
+                {"name": var.name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
+            )
+        elif var.name in static:
+            env.append({"name": var.name, "value": static[var.name]})
+        else:
+            raise KeyError(f"render has no value for env contract variable {var.name}")
+    return env
+
+
+def _resources(pod: PodSpecOverrides) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in ("limits", "requests"):
+        values = getattr(pod.resources, kind)
+        if values:
+            out[kind] = {name: str(value) for name, value in values.items()}
+    return out
+
+
+def _tolerations(pod: PodSpecOverrides, settings: RenderSettings) -> list[dict[str, Any]]:
+    tolerations = [dict(t) for t in pod.tolerations]
+    if pod.gpus() > 0:
+        tolerations += [dict(t) for t in settings.gpu_tolerations if t not in tolerations]
+    return tolerations
+
+
+def _weight_volume(job: RLJob) -> dict[str, Any] | None:
+    """The eval pods' weight-buffer volume, per strategy (None: no buffer, no volume)."""
+    buffer = job.spec.policy.weight_buffer
+    if buffer.strategy is WeightStrategy.DOUBLE:
+        empty: dict[str, Any] = {"medium": "Memory"}
+        if buffer.shm_size_limit:
+            empty["sizeLimit"] = buffer.shm_size_limit
+        return {"name": "weights", "emptyDir": empty}
+    if buffer.strategy in (WeightStrategy.SHARED, WeightStrategy.SHARDED):
+        path = f"{buffer.host_path.rstrip('/')}/{job.namespace}-{job.name}"
+        return {"name": "weights", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+    return None
+
+
+def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dict[str, Any]:
+    pod = job.spec.trainer if role is Role.TRAIN else job.spec.evaluator
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "job-config",
+            "configMap": {
+                "name": c.config_map_name(job.name),
+                "items": [{"key": c.JOB_CONFIG_KEY, "path": c.JOB_CONFIG_KEY}],
+            },
+        },
+        (
+            {"name": "run", "persistentVolumeClaim": {"claimName": job.spec.checkpoint.claim_name}}
+            if job.spec.checkpoint.claim_name
+            else {"name": "run", "emptyDir": {}}
+        ),
+    ]
+    mounts = [
+        {"name": "job-config", "mountPath": c.JOB_CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True},
+        {"name": "run", "mountPath": c.RUN_DIR},
+    ]
+    if role is Role.TRAIN:
+        shm: dict[str, Any] = {"medium": "Memory"}
+        if settings.train_shm_size:
+            shm["sizeLimit"] = settings.train_shm_size
+        volumes.append({"name": "dshm", "emptyDir": shm})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    else:
+        weights = _weight_volume(job)
+        if weights is not None:
+            volumes.append(weights)
+            mounts.append({"name": "weights", "mountPath": c.SHM_DIR})
+
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME[role],
+        "image": job.spec.image or settings.default_image,
+        "command": list(POD_COMMAND),
+        "env": contract_env(job, role) + [copy.deepcopy(e) for e in pod.env],
+        "volumeMounts": mounts,
+    }
+    pull = pod.image_pull_policy or settings.image_pull_policy
+    if pull:
+        container["imagePullPolicy"] = pull
+    if role is Role.TRAIN:
+        container["ports"] = [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS.items()]
+    resources = _resources(pod)
+    if resources:
+        container["resources"] = resources
+
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": (
+            settings.train_grace_seconds if role is Role.TRAIN else settings.eval_grace_seconds
+        ),
+    }
+    node_selector = {**settings.default_node_selector, **pod.node_selector}
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    tolerations = _tolerations(pod, settings)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if pod.affinity:
+        spec["affinity"] = copy.deepcopy(pod.affinity)
+    for key, value in (
+        ("priorityClassName", pod.priority_class_name),
+        ("schedulerName", pod.scheduler_name),
+        ("serviceAccountName", pod.service_account_name),
+    ):
+        if value:
+            spec[key] = value
+    return {
+        "metadata": {
+            "labels": {**pod.labels, **role_labels(job, role)},
+            "annotations": {**pod.annotations, ANNOTATION_SPEC_HASH: spec_hash(job, settings)},
+        },
+        "spec": spec,
+    }
+
+
+def _statefulset(
+    job: RLJob, role: Role, settings: RenderSettings, *, name: str, service: str, replicas: int
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(job, settings, name, role),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": service,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": role_labels(job, role)},
+            "template": render_pod_template(job, role, settings),
+        },
+    }
+
+
+def render_train_statefulset(
+    job: RLJob, settings: RenderSettings, *, stopped: bool = False
+) -> dict[str, Any]:
+    return _statefulset(
+        job,
+        Role.TRAIN,
+        settings,
+        name=c.train_statefulset_name(job.name),
+        service=c.train_service_name(job.name),
+        replicas=0 if stopped else job.spec.trainer.replicas,
+    )
+
+
+def render_eval_statefulset(job: RLJob, settings: RenderSettings, *, stopped: bool = False) -> dict[str, Any]:
+    return _statefulset(
+        job,
+        Role.EVAL,
+        settings,
+        name=c.eval_statefulset_name(job.name),
+        service=eval_service_name(job.name),
+        replicas=0 if stopped else job.spec.evaluator.replicas,
+    )

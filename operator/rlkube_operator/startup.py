@@ -1,0 +1,58 @@
+"""Operator start-up: every setting applied in one place (:func:`configure`), servers started.
+
+I/O. ``rlkube operator`` imports :mod:`rlkube_operator.handlers`, whose ``@kopf.on.startup``
+handler calls :func:`configure` and :func:`start`; ``@kopf.on.cleanup`` calls :func:`stop`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from rlkube_operator import metrics
+from rlkube_operator.kube import Kube
+from rlkube_operator.reconcile import Reconciler
+from rlkube_operator.settings import OperatorSettings
+
+ANNOTATION_PREFIX = "rlkube.io"
+
+
+def configure(kopf_settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    """Translate our settings into kopf's (watch timeouts, storage, events, threads)."""
+    kopf_settings.watching.server_timeout = ours.watch_server_timeout
+    kopf_settings.watching.client_timeout = ours.watch_client_timeout
+    kopf_settings.watching.connect_timeout = min(10.0, ours.api_timeout)
+    kopf_settings.networking.request_timeout = ours.api_timeout
+    kopf_settings.networking.connect_timeout = min(10.0, ours.api_timeout)
+    # Keep kopf's bookkeeping in annotations so status stays ours alone.
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    kopf_settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
+    # Our own events say what happened; kopf posts only its warnings and errors.
+    kopf_settings.posting.level = logging.WARNING
+    kopf_settings.execution.max_workers = ours.workers
+    kopf_settings.peering.standalone = True
+
+
+async def start(memo: Any, ours: OperatorSettings, *, logger: logging.Logger) -> None:
+    memo.settings = ours
+    memo.kube = Kube.connect(field_manager=ours.field_manager, timeout=ours.api_timeout)
+    memo.reconciler = Reconciler(kube=memo.kube, settings=ours)
+    memo.metrics_server = await metrics.start_server(port=ours.metrics_port)
+    logger.info(
+        f"rlkube operator: namespaces {', '.join(ours.namespaces) or 'all'}, "
+        f"metrics and /healthz on :{ours.metrics_port}, status every {ours.status_interval}s"
+    )
+
+
+async def stop(memo: Any) -> None:
+    server = getattr(memo, "metrics_server", None)
+    if server is not None:
+        await server.cleanup()
+    kube = getattr(memo, "kube", None)
+    if kube is not None:
+        kube.close()

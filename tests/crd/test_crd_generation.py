@@ -1,0 +1,190 @@
+"""The CRD is generated from spec.py, is structural, and its CEL rules agree with the Python checks."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+from rlkube.spec import CROSS_FIELD_RULES, parse_job
+from rlkube_operator.crd import build_crd
+
+from tests.conftest import MINIMAL_JOB
+from tests.operator.emulator.schema import apply_defaults
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spec_schema() -> dict[str, Any]:
+    return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def walk(node: Any, path: str = ""):
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from walk(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from walk(value, f"{path}[{index}]")
+
+
+def test_committed_crd_and_reference_match_what_generate_writes() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "generate.py"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_committed_crd_is_the_built_crd() -> None:
+    assert yaml.safe_load((ROOT / "crds" / "rljob.yaml").read_text()) == build_crd()
+
+
+def test_schema_has_no_refs_titles_nulls_or_closed_objects() -> None:
+    for path, node in walk(spec_schema()):
+        assert "$ref" not in node, path
+        assert "$defs" not in node, path
+        assert "nullable" not in node, path
+        assert node.get("type") != "null", path
+        assert node.get("additionalProperties") is not False, path
+        if "properties" in node:
+            assert "title" not in node["properties"] or isinstance(node["properties"]["title"], dict), path
+
+
+def test_every_schema_node_has_a_type_except_int_or_string() -> None:
+    root = spec_schema()
+    for path, node in walk(root):
+        is_schema = path == "" or path.endswith(("items", "additionalProperties")) or "/properties/" in path
+        if not is_schema or path.rsplit("/", 1)[-1] == "properties" or path.endswith("/required"):
+            continue
+        if path.split("/")[-2:-1] == ["properties"]:
+            if node.get("x-kubernetes-int-or-string"):
+                assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+            else:
+                assert "type" in node, path
+
+
+def test_anyof_is_used_only_for_int_or_string_quantities() -> None:
+    for path, node in walk(spec_schema()):
+        if "anyOf" in node:
+            assert node.get("x-kubernetes-int-or-string") is True, path
+
+
+def test_free_form_sections_preserve_unknown_fields() -> None:
+    spec = spec_schema()["properties"]["spec"]["properties"]
+    for section in ("modelCfg", "optimCfg", "algoCfg"):
+        assert spec["policy"]["properties"][section]["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["env"]["properties"]["kwargs"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["trainer"]["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_enums_minimums_and_defaults_come_from_spec_py() -> None:
+    spec = spec_schema()["properties"]["spec"]
+    assert spec["properties"]["engine"]["enum"] == ["sync", "async", "eval"]
+    assert spec["properties"]["train"]["properties"]["maxEpochs"] == {
+        "default": 100,
+        "description": "Epochs to train; one epoch publishes one weight version.",
+        "minimum": 1,
+        "type": "integer",
+    }
+    assert spec["properties"]["log"]["properties"]["intervalSeconds"]["exclusiveMinimum"] is True
+    assert spec["properties"]["train"]["default"] == {}
+    assert spec["required"] == ["env"]
+
+
+def test_scale_subresource_points_at_eval_replicas() -> None:
+    version = build_crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.evaluator.replicas",
+        "statusReplicasPath": ".status.eval.replicas",
+        "labelSelectorPath": ".status.eval.selector",
+    }
+    assert version["subresources"]["status"] == {}
+
+
+def test_printer_columns_and_names() -> None:
+    crd = build_crd()
+    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Train", "Eval", "Epoch", "Weights", "Return", "Age"]
+    assert crd["spec"]["names"]["shortNames"] == ["rlj"]
+    assert "rlkube" in crd["spec"]["names"]["categories"]
+
+
+def test_status_schema_describes_every_printer_column() -> None:
+    root = spec_schema()
+    for column in build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]:
+        if column["jsonPath"].startswith(".metadata."):
+            continue
+        node = root
+        for part in column["jsonPath"].strip(".").split("."):
+            node = node["properties"][part]
+        assert node["type"] in ("string", "integer", "number"), column
+
+
+def cel_holds(rule_cel: str, spec: dict[str, Any]) -> bool:
+    env = celpy.Environment()
+    program = env.program(env.compile(rule_cel))
+    return bool(program.evaluate({"self": celpy.json_to_cel(spec)}))
+
+
+SAMPLES = [
+    {},
+    {"train": {"batchSize": 64, "stepsPerEpoch": 32}},
+    {"train": {"batchSize": 32, "stepsPerEpoch": 32}},
+    {"trainer": {"backend": "nccl"}},
+    {"trainer": {"backend": "nccl", "resources": {"limits": {"nvidia.com/gpu": 2}}}},
+    {"trainer": {"backend": "gloo"}},
+    {"engine": "eval"},
+    {"engine": "eval", "checkpoint": {"path": "/ckpt/x.pt"}},
+    {"trainer": {"env": [{"name": "RANK", "value": "3"}]}},
+    {"trainer": {"env": [{"name": "MY_FLAG", "value": "3"}]}},
+    {"evaluator": {"env": [{"name": "PET_NNODES", "value": "3"}]}},
+    {"evaluator": {"env": [{"name": "RLKUBE_X", "value": "3"}, {"name": "OK", "value": "1"}]}},
+]
+
+
+@pytest.mark.parametrize("extra", SAMPLES, ids=[str(s)[:50] for s in SAMPLES])
+def test_cel_rules_agree_with_the_python_checks(extra: dict[str, Any]) -> None:
+    document = copy.deepcopy(MINIMAL_JOB)
+    document["spec"].update(extra)
+    # The API server fills in defaults before CEL runs; so does the emulator's schema module.
+    spec = apply_defaults(spec_schema()["properties"]["spec"], copy.deepcopy(document["spec"]))
+    for rule in CROSS_FIELD_RULES:
+        assert cel_holds(rule.cel, spec) == _python_rule_holds(rule, document["spec"]), (rule.path, spec)
+
+
+@pytest.mark.parametrize("extra", [{"train": {"batchSize": 4096}}, {"train": {"stepsPerEpoch": 8}}])
+def test_cel_rules_see_defaults_as_the_api_server_does(extra: dict[str, Any]) -> None:
+    spec = apply_defaults(spec_schema()["properties"]["spec"], {"env": {"id": "X-v0"}, **extra})
+    rule = CROSS_FIELD_RULES[0]
+    document = copy.deepcopy(MINIMAL_JOB)
+    document["spec"].update(extra)
+    assert cel_holds(rule.cel, spec) is False
+    assert _python_rule_holds(rule, document["spec"]) is False
+
+
+def _python_rule_holds(rule, spec: dict[str, Any]) -> bool:
+    from rlkube.spec import SpecError
+
+    document = copy.deepcopy(MINIMAL_JOB)
+    document["spec"] = copy.deepcopy(spec)
+    try:
+        parse_job(document)
+    except SpecError as exc:
+        return not any(problem.startswith(rule.path + ":") for problem in exc.problems)
+    return True
+
+
+def test_every_cel_rule_compiles_and_names_its_field() -> None:
+    rules = spec_schema()["properties"]["spec"]["x-kubernetes-validations"]
+    assert len(rules) == len(CROSS_FIELD_RULES)
+    env = celpy.Environment()
+    for rule in rules:
+        env.compile(rule["rule"])
+        assert rule["message"].startswith("spec.")
+        assert rule["fieldPath"].startswith(".")

@@ -1,0 +1,135 @@
+"""``make cluster``: the API emulator and the real operator, for trying kubectl by hand.
+
+    python -m tests.operator.cluster [--port 8001] [--simulate-training] [--nodes 2]
+
+Prints the KUBECONFIG to export, then runs until Ctrl-C (and cleans up its processes and files).
+Pods become Running and Ready at once (a simulated kubelet; nothing is executed). With
+``--simulate-training`` each RLJob's coordinator is faked: it reports one epoch every
+``--epoch-seconds`` and finishes at ``spec.train.maxEpochs``, so phases, printer columns,
+``kubectl wait --for=condition=Complete`` and the cleanup can be watched without the runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from tests.operator.emulator.cluster import EmulatedCluster
+from tests.operator.emulator.controllers import ReadyKubelet
+from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess
+
+
+class TrainingSimulator:
+    """A fake coordinator per RLJob whose epoch advances with wall time."""
+
+    def __init__(
+        self, cluster: EmulatedCluster, coordinators: FakeCoordinators, *, epoch_seconds: float
+    ) -> None:
+        self.cluster = cluster
+        self.coordinators = coordinators
+        self.epoch_seconds = epoch_seconds
+        self.started: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="training-simulator", daemon=True)
+
+    def _jobs(self) -> list[dict]:
+        store = self.cluster.emulator.store  # type: ignore[union-attr]
+        rtype = store.find("rlkube.io", "v1alpha1", "rljobs")
+        return [] if rtype is None else [dict(j) for j in store.items(rtype)]
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            for job in self.cluster.call(self._jobs):
+                meta, spec = job["metadata"], job.get("spec", {})
+                key = f"{meta['namespace']}.{meta['name']}.{meta['uid']}"
+                if spec.get("runPolicy", {}).get("suspend"):
+                    continue
+                start = self.started.setdefault(key, time.monotonic())
+                max_epochs = int(spec.get("train", {}).get("maxEpochs", 100))
+                epoch = min(max_epochs, int((time.monotonic() - start) / self.epoch_seconds))
+                steps = epoch * int(spec.get("train", {}).get("stepsPerEpoch", 2048))
+                self.coordinators.report(
+                    meta["namespace"],
+                    meta["name"],
+                    phase="Complete" if epoch >= max_epochs else "Running",
+                    finished=epoch >= max_epochs,
+                    epoch=epoch,
+                    max_epochs=max_epochs,
+                    weight_version=epoch,
+                    env_steps=steps,
+                    episodes=steps // 50,
+                    last_return=min(500.0, 20.0 + 10.0 * epoch),
+                    last_sync_time=time.time(),
+                )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=None, help="API port (default: a free one)")
+    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes pods are spread over")
+    parser.add_argument("--simulate-training", action="store_true", help="fake each job's coordinator")
+    parser.add_argument("--epoch-seconds", type=float, default=3.0, help="simulated seconds per epoch")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "cluster", help="kubeconfig and logs")
+    args = parser.parse_args(argv)
+
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    sockets = Path(tempfile.mkdtemp(prefix="rlk"))  # unix socket paths must stay short
+    cluster = EmulatedCluster(
+        args.workdir, kubelet=ReadyKubelet(args.nodes), port=args.port, crds=[ROOT / "crds" / "rljob.yaml"]
+    ).start()
+    coordinators = FakeCoordinators(sockets)
+    operator = OperatorProcess(
+        cluster.operator_kubeconfig,
+        socket_dir=sockets,
+        log=args.workdir / "operator.log",
+        env={"RLKUBE_STATUS_INTERVAL": "2"},
+    )
+    simulator = TrainingSimulator(cluster, coordinators, epoch_seconds=args.epoch_seconds)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        operator.start()
+        if args.simulate_training:
+            simulator.thread.start()
+        print(
+            f"API emulator at {cluster.url}; operator log {operator.log_path}; metrics "
+            f"http://127.0.0.1:{operator.metrics_port}/metrics\n\n"
+            f"    export KUBECONFIG={cluster.kubeconfig}\n\n"
+            "    kubectl apply --validate=false -f examples/rljob.yaml\n"
+            "    kubectl get rlj,sts,pods\n"
+            "    kubectl scale rlj/cartpole-ppo --replicas=6\n"
+            "    kubectl describe rlj cartpole-ppo\n"
+            "    kubectl wait --for=condition=Complete rlj/cartpole-ppo --timeout=10m"
+            + ("" if args.simulate_training else "   # needs --simulate-training")
+            + "\n    kubectl delete rlj cartpole-ppo\n\n"
+            "(kubectl apply needs --validate=false: the emulator serves no OpenAPI document.) Ctrl-C stops.",
+            flush=True,
+        )
+        while not stopping.wait(1.0):
+            if operator.process is not None and operator.process.poll() is not None:
+                print(f"the operator exited:\n{operator.log()[-3000:]}", file=sys.stderr)
+                return 1
+    finally:
+        simulator.stop.set()
+        operator.stop()
+        coordinators.stop()
+        cluster.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
