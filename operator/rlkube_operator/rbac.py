@@ -1,7 +1,10 @@
 """Every permission the operator uses, in one place.
 
-Pure data. The Helm chart's ClusterRole/Role is tested against :data:`RULES`, so a verb the
-operator starts using is a test failure until it is listed here (and nothing more is granted).
+Pure data. ``scripts/generate.py`` writes the Helm chart's rules
+(charts/rlkube/templates/_rbac_rules.tpl) from these tuples, and the operator's requests in the
+emulator tests are audited against them, so a verb the operator starts using is a test failure
+until it is listed here, and nothing more is granted. A rule with ``only_with`` is needed only
+when that operator setting is on (the chart grants it only then).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ class Rule:
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
     why: str
+    only_with: str = ""  # an operator setting (env name) without which the rule is not needed
 
     def as_manifest(self) -> dict[str, list[str]]:
         return {
@@ -50,6 +54,7 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
         ("networkpolicies",),
         ("create", "patch"),
         "the per-job NetworkPolicy when RLKUBE_NETWORK_POLICY is on (server-side apply)",
+        only_with="RLKUBE_NETWORK_POLICY",
     ),
     Rule(("",), ("pods",), ("list",), "count train restarts from pod status"),
     Rule(
@@ -74,3 +79,8 @@ CLUSTER_RULES: tuple[Rule, ...] = (
 )
 
 RULES: tuple[Rule, ...] = NAMESPACED_RULES + CLUSTER_RULES
+
+
+def always(rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    """The rules needed whatever the operator's settings."""
+    return tuple(rule for rule in rules if not rule.only_with)
