@@ -91,8 +91,8 @@ class ActorCritic(nn.Module):
     def distribution(self, x: torch.Tensor) -> Categorical | Normal:
         out = self.actor(x)
         if self.discrete:
-            return Categorical(logits=out)
-        return Normal(out, self.log_std.exp().expand_as(out))
+            return Categorical(logits=out, validate_args=False)
+        return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
     def forward(
         self, obs: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False
