@@ -11,8 +11,10 @@ import sys
 import time
 from typing import TextIO
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from rlkube.engine.report import EpochRecord, RunStart, RunSummary
 
@@ -29,33 +31,33 @@ def describe(record: EpochRecord) -> str:
 
 
 class LiveProgress:
-    """A rich progress bar that redraws in place."""
+    """A rich progress bar with the run's figures on the line below, redrawn in place."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self._progress = Progress(
+        self._bar = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("epochs"),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
             console=console,
         )
+        self._info = Text("collecting the first epoch...")
+        self._live = Live(Group(self._bar, self._info), console=console, refresh_per_second=4)
         self._task: TaskID | None = None
 
     def on_start(self, start: RunStart) -> None:
-        self._progress.start()
-        self._task = self._progress.add_task(
-            start.job, total=start.max_epochs, completed=start.start_epoch, info="collecting..."
-        )
+        self._task = self._bar.add_task(start.job, total=start.max_epochs, completed=start.start_epoch)
+        self._live.start()
 
     def on_epoch(self, record: EpochRecord) -> None:
         if self._task is not None:
-            self._progress.update(self._task, completed=record.epoch, info=describe(record))
+            self._bar.update(self._task, completed=record.epoch)
+        self._info.plain = describe(record)
 
     def on_finish(self, summary: RunSummary) -> None:
-        self._progress.stop()
+        self._live.stop()
 
 
 class PlainProgress:
