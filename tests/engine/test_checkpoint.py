@@ -191,7 +191,8 @@ def test_a_finished_job_does_not_train_again(tmp_path: Path) -> None:
     marker = tmp_path / "checkpoints" / "COMPLETE.json"
     before = marker.stat().st_mtime_ns
     _, capture, again = run_engine(tiny_job(maxEpochs=1), tmp_path)
-    assert again.stop_reason == "already_complete"
+    assert again.already_complete
+    assert again.stop_reason == summary.stop_reason
     assert again.env_steps == summary.env_steps
     assert capture.start is None  # nothing started
     assert marker.stat().st_mtime_ns == before

@@ -115,3 +115,29 @@ def test_bad_policy_settings_are_refused_before_anything_starts(tmp_path: Path) 
 def test_the_async_engine_is_not_run_in_process(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match=r"spec\.engine: got 'async'"):
         InProcessEngine(tiny_job(spec={"engine": "async"}), PPO, paths=RunPaths(tmp_path))
+
+
+class RecordingPPO(PPO):
+    """Records the batch shapes update_dataset receives and skips training."""
+
+    shapes: list[tuple[int, ...]] = []
+
+    def update_dataset(self, data: Any) -> None:
+        RecordingPPO.shapes.append(tuple(data.batch_size))
+        self.dataset = data
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        return {}
+
+
+def test_on_policy_data_is_the_epoch_s_rows_and_replay_data_is_sampled_transitions(tmp_path: Path) -> None:
+    RecordingPPO.shapes = []
+    run(tiny_job(maxEpochs=1), tmp_path / "rollout", RecordingPPO)
+    assert RecordingPPO.shapes == [(4, 8)]  # 2 fragments x 2 envs, 8 steps
+    RecordingPPO.shapes = []
+    run(
+        tiny_job(maxEpochs=2, spec={"buffer": {"type": "replay", "capacity": 1000}}),
+        tmp_path / "replay",
+        RecordingPPO,
+    )
+    assert RecordingPPO.shapes == [(32,), (32,)]

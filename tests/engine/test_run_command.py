@@ -97,3 +97,23 @@ def test_the_console_entry_point_exits_2_for_a_bad_job(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "spec.train.batchSize: got -1" in result.stderr
+
+
+def test_two_runs_in_the_same_second_get_their_own_run_dirs(tmp_path: Path) -> None:
+    job = write_job(tmp_path, tiny_document(maxEpochs=1))
+    assert main(["run", str(job), "--no-progress"]) == 0
+    assert main(["run", str(job), "--no-progress"]) == 0
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    for run_dir in runs:
+        assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "max_epochs"
+
+
+def test_rerunning_a_finished_run_dir_does_not_train_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = write_job(tmp_path, tiny_document(maxEpochs=1))
+    assert main(["run", str(job), "--no-progress", "--run-dir", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+    assert main(["run", str(job), "--no-progress", "--run-dir", str(tmp_path / "r")]) == 0
+    assert "already complete" in capsys.readouterr().out

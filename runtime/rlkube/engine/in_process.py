@@ -10,6 +10,10 @@ epochs (and after the last) a separate env group plays ``evalEpisodes`` greedy e
 ``saveInterval`` epochs (and at the end) a checkpoint is written. A run stops at ``maxEpochs``
 or when the mean of the last 20 training episodes reaches ``targetReturn``.
 
+With ``spec.buffer.type: replay`` the epoch's transitions go into a ring of ``buffer.capacity``
+transitions and ``update_dataset`` receives ``stepsPerEpoch`` transitions sampled from it
+(a flat ``[stepsPerEpoch]`` TensorDict) instead of the epoch's ``[rows, T]`` fragments.
+
 ``spec.engine: eval`` evaluates the policy stored at ``spec.checkpoint.path`` and trains nothing.
 """
 
@@ -20,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rlkube.data.replay_buffer import ReplayBuffer
 from rlkube.data.rollout_buffer import RolloutBuffer
 from rlkube.engine.checkpoint import POLICY_FILE, CheckpointStore, TrainerProgress
 from rlkube.engine.report import RunObserver, RunSummary, notify
@@ -28,7 +33,7 @@ from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.tracker import RunTracker, fingerprints_match
 from rlkube.envs.group import EnvGroup
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
-from rlkube.spec import Engine, PolicySpec, RLJob, WeightStrategy
+from rlkube.spec import BufferType, Engine, PolicySpec, RLJob, WeightStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +122,12 @@ class InProcessEngine:
             else None
         )
         per_epoch = spec.fragments_per_epoch()
-        buffer = RolloutBuffer(fragments_per_epoch=per_epoch, capacity=max(spec.buffer.capacity, per_epoch))
+        buffer = RolloutBuffer(fragments_per_epoch=per_epoch, capacity=per_epoch)
+        replay = (
+            ReplayBuffer(spec.buffer.capacity, seed=train.seed)
+            if spec.buffer.type is BufferType.REPLAY
+            else None
+        )
         tracker = RunTracker(
             job=self.job.name,
             max_epochs=train.max_epochs,
@@ -136,7 +146,11 @@ class InProcessEngine:
             for index in range(per_epoch):
                 buffer.add(f"e{epoch}-f{index}", worker.collect(train.fragment_length))
             batch = buffer.take_epoch()
-            self.train_policy.update_dataset(batch.shard(0, 1))
+            if replay is None:  # on-policy: this epoch's fragments, [rows, T]
+                self.train_policy.update_dataset(batch.shard(0, 1))
+            else:  # off-policy: transitions sampled from the ring, [stepsPerEpoch]
+                replay.extend(batch.shard(0, 1))
+                self.train_policy.update_dataset(replay.sample(train.steps_per_epoch))
             returned = self.train_policy.train()
             metrics = {**_numbers(returned), **self.train_policy.pop_metrics()}
             version = tracker.weight_version + 1
@@ -205,7 +219,7 @@ class InProcessEngine:
 
     def _already_complete(self, done: dict[str, object]) -> RunSummary:
         fields = {name: done[name] for name in RunSummary.__dataclass_fields__ if name in done}
-        summary = RunSummary(**{**fields, "stop_reason": "already_complete", "wall_seconds": 0.0})  # type: ignore[arg-type]
+        summary = RunSummary(**{**fields, "already_complete": True})  # type: ignore[arg-type]
         notify(self.observers, "on_finish", summary)
         return summary
 

@@ -82,7 +82,7 @@ class RunSummary:
     epochs: int
     wall_seconds: float  # this process's run
     weight_version: int
-    stop_reason: str  # max_epochs | target_return | already_complete
+    stop_reason: str  # max_epochs | target_return | evaluated
     fingerprints_consistent: bool
     eval_return: float | None = None
     episodes: int = 0
@@ -91,6 +91,7 @@ class RunSummary:
     total_wall_seconds: float | None = None  # over every resumed run of this job
     resumed_from_epoch: int | None = None
     engine: str = "in-process"
+    already_complete: bool = False  # a restart found the completion marker and trained nothing
     paths: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -153,8 +154,10 @@ class LearningCurve:
         self.evaluations: list[tuple[int, float]] = []
         self.target: float | None = None
         self.title = ""
+        self._started = False
 
     def on_start(self, start: RunStart) -> None:
+        self._started = True
         self.episodes = list(start.episodes)
         self.evaluations = [(steps, ret) for _, steps, ret in start.evaluations]
         self.target = start.target_return
@@ -166,6 +169,8 @@ class LearningCurve:
             self.evaluations.append((record.env_steps, record.eval_return))
 
     def on_finish(self, summary: RunSummary) -> None:
+        if not self._started:  # nothing ran (e.g. the job was already complete): keep the old plot
+            return
         if summary.eval_return is not None and not any(s == summary.env_steps for s, _ in self.evaluations):
             self.evaluations.append((summary.env_steps, summary.eval_return))
         self.write()

@@ -81,7 +81,7 @@ def _runner(args: argparse.Namespace) -> Callable[[RLJob, type[BasePolicy], argp
 
 
 def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Namespace) -> int:
-    paths = RunPaths(Path(args.run_dir)) if args.run_dir else RunPaths.default(job.name, now=datetime.now())
+    paths = RunPaths(Path(args.run_dir)) if args.run_dir else _fresh_run_dir(job.name)
     try:
         engine = InProcessEngine(job, policy_cls, paths=paths)
     except (SpecError, EngineError) as exc:
@@ -101,6 +101,20 @@ def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Name
         return EXIT_FAILED
     _print_result(summary, paths, args.summary)
     return EXIT_OK
+
+
+def _fresh_run_dir(job_name: str) -> RunPaths:
+    """``runs/<job>-<timestamp>``, suffixed ``-2``, ``-3``... if a run already started in that second.
+
+    (A run directory holding a finished job would otherwise make the new run stop at once: resuming
+    is for ``--run-dir``.)
+    """
+    base = RunPaths.default(job_name, now=datetime.now())
+    candidate, n = base, 2
+    while candidate.run_dir.exists():
+        candidate = RunPaths(base.run_dir.with_name(f"{base.run_dir.name}-{n}"))
+        n += 1
+    return candidate
 
 
 def _observers(job: RLJob, paths: RunPaths, args: argparse.Namespace) -> list[RunObserver]:
@@ -125,6 +139,8 @@ def _print_result(summary: RunSummary, paths: RunPaths, extra_summary: Path | No
         f"{summary.env_steps:,} env steps, {summary.epochs} epochs, {summary.wall_seconds:.1f} s "
         f"(weights v{summary.weight_version})",
     ]
+    if summary.already_complete:
+        lines.append(f"  already complete: {paths.checkpoints / 'COMPLETE.json'} exists, nothing was trained")
     if summary.env_steps_to_target is not None:
         lines.append(
             f"  reached the target {summary.target_return:g} at {summary.env_steps_to_target:,} env steps"
