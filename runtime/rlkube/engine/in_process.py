@@ -27,7 +27,7 @@ from pathlib import Path
 from rlkube.data.replay_buffer import ReplayBuffer
 from rlkube.data.rollout_buffer import RolloutBuffer
 from rlkube.engine.checkpoint import POLICY_FILE, CheckpointStore, TrainerProgress
-from rlkube.engine.report import RunObserver, RunSummary, notify
+from rlkube.engine.report import EpochRecord, RunObserver, RunSummary, notify
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.tracker import RunTracker, fingerprints_match
@@ -142,40 +142,7 @@ class InProcessEngine:
         if tracker.target_reached:
             stop_reason = "target_return"
         while stop_reason == "max_epochs" and tracker.epoch < train.max_epochs:
-            epoch = tracker.epoch
-            for index in range(per_epoch):
-                buffer.add(f"e{epoch}-f{index}", worker.collect(train.fragment_length))
-            batch = buffer.take_epoch()
-            if replay is None:  # on-policy: this epoch's fragments, [rows, T]
-                self.train_policy.update_dataset(batch.shard(0, 1))
-            else:  # off-policy: transitions sampled from the ring, [stepsPerEpoch]
-                replay.extend(batch.shard(0, 1))
-                self.train_policy.update_dataset(replay.sample(train.steps_per_epoch))
-            returned = self.train_policy.train()
-            metrics = {**_numbers(returned), **self.train_policy.pop_metrics()}
-            version = tracker.weight_version + 1
-            self._publish(version)
-            consistent = fingerprints_match(
-                self.train_policy.get_param_fingerprint(), self.eval_policy.get_param_fingerprint()
-            )
-            if not consistent:
-                logger.warning("epoch %d: eval weights differ from the trainer's after the update", epoch + 1)
-            last = epoch + 1 >= train.max_epochs
-            eval_return = None
-            if evaluator is not None and ((epoch + 1) % train.eval_interval == 0 or last):
-                eval_return = evaluator.evaluate(
-                    train.eval_episodes, seed=train.seed + EVAL_SEED_OFFSET
-                ).mean_return
-            record = tracker.epoch_done(
-                env_steps=batch.env_steps,
-                weight_version=version,
-                episode_returns=batch.episode_returns,
-                episode_lengths=batch.episode_lengths,
-                metrics=metrics,
-                fingerprints_consistent=consistent,
-                eval_return=eval_return,
-                now=self.clock(),
-            )
+            record = self._epoch(tracker, worker, buffer, replay, evaluator)
             notify(self.observers, "on_epoch", record)
             if train.save_interval and record.epoch % train.save_interval == 0:
                 latest = self.store.save(self.train_policy, tracker.progress(now=self.clock()))
@@ -183,8 +150,7 @@ class InProcessEngine:
             if tracker.target_reached:
                 stop_reason = "target_return"
         if evaluator is not None and (not tracker.evaluations or tracker.evaluations[-1][0] != tracker.epoch):
-            result = evaluator.evaluate(train.eval_episodes, seed=train.seed + EVAL_SEED_OFFSET)
-            tracker.record_evaluation(result.mean_return)
+            tracker.record_evaluation(self._evaluate(evaluator))
         if saved_epoch != tracker.epoch:
             latest = self.store.save(self.train_policy, tracker.progress(now=self.clock()))
         paths = {**self.paths.as_dict(), "checkpoint": str(latest)}
@@ -192,6 +158,54 @@ class InProcessEngine:
         self.store.mark_complete(summary.to_json())
         notify(self.observers, "on_finish", summary)
         return summary
+
+    def _epoch(
+        self,
+        tracker: RunTracker,
+        worker: RolloutWorker,
+        buffer: RolloutBuffer,
+        replay: ReplayBuffer | None,
+        evaluator: RolloutWorker | None,
+    ) -> EpochRecord:
+        """Collect with version v, train, publish v+1, check fingerprints, evaluate when due."""
+        train = self.spec.train
+        epoch = tracker.epoch
+        for index in range(buffer.fragments_per_epoch):
+            buffer.add(f"e{epoch}-f{index}", worker.collect(train.fragment_length))
+        batch = buffer.take_epoch()
+        if replay is None:  # on-policy: this epoch's fragments, [rows, T]
+            self.train_policy.update_dataset(batch.shard(0, 1))
+        else:  # off-policy: transitions sampled from the ring, [stepsPerEpoch]
+            replay.extend(batch.shard(0, 1))
+            self.train_policy.update_dataset(replay.sample(train.steps_per_epoch))
+        returned = self.train_policy.train()
+        metrics = {**_numbers(returned), **self.train_policy.pop_metrics()}
+        version = tracker.weight_version + 1
+        self._publish(version)
+        consistent = fingerprints_match(
+            self.train_policy.get_param_fingerprint(), self.eval_policy.get_param_fingerprint()
+        )
+        if not consistent:
+            logger.warning("epoch %d: eval weights differ from the trainer's after the update", epoch + 1)
+        eval_return = None
+        due = (epoch + 1) % max(train.eval_interval, 1) == 0 or epoch + 1 >= train.max_epochs
+        if evaluator is not None and due:
+            eval_return = self._evaluate(evaluator)
+        return tracker.epoch_done(
+            env_steps=batch.env_steps,
+            weight_version=version,
+            episode_returns=batch.episode_returns,
+            episode_lengths=batch.episode_lengths,
+            metrics=metrics,
+            fingerprints_consistent=consistent,
+            eval_return=eval_return,
+            now=self.clock(),
+        )
+
+    def _evaluate(self, evaluator: RolloutWorker) -> float:
+        """Greedy episodes on the evaluation envs, from the same seeds every time (comparable epochs)."""
+        train = self.spec.train
+        return evaluator.evaluate(train.eval_episodes, seed=train.seed + EVAL_SEED_OFFSET).mean_return
 
     def _group(self, *, base_seed: int) -> EnvGroup:
         group = EnvGroup.from_spec(self.spec.env, base_seed=base_seed)
