@@ -141,3 +141,11 @@ def test_on_policy_data_is_the_epoch_s_rows_and_replay_data_is_sampled_transitio
         RecordingPPO,
     )
     assert RecordingPPO.shapes == [(32,), (32,)]
+
+
+def test_torch_runs_single_threaded_unless_omp_num_threads_says_otherwise() -> None:
+    from rlkube.engine.in_process import torch_threads
+
+    assert torch_threads({}) == 1
+    assert torch_threads({"OMP_NUM_THREADS": "4"}) == 4
+    assert torch_threads({"OMP_NUM_THREADS": "lots"}) == 1
