@@ -135,7 +135,9 @@ class EnvRet(_Fields):
 
     ``terminated``/``truncated`` refer to the step that produced this observation; for envs that
     just ended, ``observation`` is already the first observation of the next episode and
-    ``final_observation`` holds the last one of the episode that ended.
+    ``final_observation`` holds the last one of the episode that ended. ``EnvGroup`` sends
+    ``final_observation`` as a full ``[N, ...]`` tensor (rows of envs that did not end repeat
+    ``observation``), so it is always the true next observation of the step.
     """
 
     def __init__(

@@ -1,1 +1,1 @@
-"""launch"""
+"""Launchers: ``run`` (``rlkube run``: validate, resolve, run, report) and ``progress`` (the terminal)."""

@@ -10,9 +10,11 @@ when there are several ranks, and sets up the optimizer. EVAL: ``init_eval`` bui
 networks in eval mode and, unless the weight strategy is ``None``, starts the updater thread.
 The updater waits for ``notify_update_weights()``, stages the newest snapshot *outside* the
 rollout gate, then commits it inside the gate (the sync idle gate, or the async admission gate
-that stops new requests and waits for in-flight ones), so rollouts are blocked only for the
-pointer swap. Note: ``train`` is the training step, as in RLightning; never call ``policy.eval()``
-or ``policy.train(False)`` on a policy itself (call them on its models).
+that stops new requests and waits for in-flight ones, see ``rlkube.policy.gates``), so rollouts
+are blocked only for the pointer swap and a commit never overlaps a rollout step.
+
+Note: ``train`` is the training step, as in RLightning; never call ``policy.eval()`` or
+``policy.train(False)`` on a policy itself (call them on its models).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rlkube.envs.types import EnvRet, PolicyResponse
+from rlkube.policy.gates import AdmissionGate, IdleGate
 
 if TYPE_CHECKING:
     from rlkube.policy.weight_source import StagedWeights, WeightSource
@@ -86,17 +89,17 @@ class BasePolicy(nn.Module, ABC):
         self.rollout_mode: str = str(getattr(config.rollout_mode, "value", config.rollout_mode))
         self.weight_buffer_strategy: str = config.weight_buffer.strategy.value
         # eval side
-        self._idle_as_infer: threading.Event | None = None
+        self._idle_gate: IdleGate | None = None  # rolloutMode sync
+        self._admission: AdmissionGate | None = None  # rolloutMode async
         self._update_weights_signal: threading.Event | None = None
         self._weight_update_done: threading.Event | None = None
+        self._update_lock = threading.Lock()
+        self._updates_requested = 0  # notify_update_weights() calls so far
         self._weight_source: WeightSource | None = None
         self._updater: threading.Thread | None = None
         self._stop_updater = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._accept_new_requests: asyncio.Event | None = None
-        self.num_requests = 0
-        self._num_requests_lock = threading.Lock()
-        self._inflight_zero_cv = threading.Condition(self._num_requests_lock)
+        self._owns_loop = False
         self.weight_version = -1
         self.update_block_seconds: list[float] = []  # time rollouts were gated per update
         self.last_update_error: str | None = None
@@ -181,16 +184,14 @@ class BasePolicy(nn.Module, ABC):
             model.eval()
             model.requires_grad_(False)
         if self.rollout_mode == "sync":
-            self._idle_as_infer = threading.Event()
-            self._idle_as_infer.set()
+            self._idle_gate = IdleGate()
         elif self.rollout_mode == "async":
             try:
                 self._loop = asyncio.get_running_loop()
-            except RuntimeError:
+            except RuntimeError:  # the framework drives rollouts on this loop (run_until_complete)
                 self._loop = asyncio.new_event_loop()
-                asyncio.set_event_loop(self._loop)
-            self._accept_new_requests = asyncio.Event()
-            self._accept_new_requests.set()
+                self._owns_loop = True
+            self._admission = AdmissionGate()
         else:
             raise ValueError(f"invalid rollout mode {self.rollout_mode!r}: expected 'sync' or 'async'")
         if self.weight_buffer_strategy != "None":
@@ -255,20 +256,16 @@ class BasePolicy(nn.Module, ABC):
     @torch.inference_mode()
     def _rollout(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
         """Sync rollout under the idle gate (the updater commits only while the policy is idle)."""
-        assert self._idle_as_infer is not None, "init_eval() has not run"
-        self._idle_as_infer.wait()
-        self._idle_as_infer.clear()
-        try:
+        if self._idle_gate is None:
+            raise RuntimeError("_rollout needs init_eval() with rolloutMode sync (use _rollout_async)")
+        with self._idle_gate.hold():
             return self.rollout_step(env_ret.to(self.device), **kwargs)
-        finally:
-            self._idle_as_infer.set()
 
     async def _rollout_async(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
         """Async rollout behind the admission gate; in-flight requests are counted for the updater."""
-        assert self._accept_new_requests is not None, "init_eval() has not run in async rollout mode"
-        await self._accept_new_requests.wait()
-        with self._num_requests_lock:
-            self.num_requests += 1
+        if self._admission is None:
+            raise RuntimeError("_rollout_async needs init_eval() with rolloutMode async (use _rollout)")
+        await self._admission.enter()
         try:
             with torch.inference_mode():
                 result = self.rollout_step(env_ret.to(self.device), **kwargs)
@@ -276,27 +273,31 @@ class BasePolicy(nn.Module, ABC):
                     result = await result
             return result
         finally:
-            with self._num_requests_lock:
-                self.num_requests -= 1
-                if self.num_requests == 0:
-                    self._inflight_zero_cv.notify_all()
+            self._admission.leave()
 
     @torch.inference_mode()
     def _postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
-        gate = self._idle_as_infer
-        if gate is not None:
-            gate.wait()
-            gate.clear()
-        try:
+        """``postprocess`` under the idle gate (sync mode); in async mode it is not gated."""
+        if self._idle_gate is None:
             return self.postprocess(env_ret, policy_resp)
-        finally:
-            if gate is not None:
-                gate.set()
+        with self._idle_gate.hold():
+            return self.postprocess(env_ret, policy_resp)
 
     def check_idle(self) -> None:
+        """Block until no rollout step or weight commit holds the gate (sync rollout mode only)."""
         assert self.rollout_mode == "sync", "check_idle is only supported in sync rollout mode"
-        if self.role_type is PolicyRole.EVAL and self._idle_as_infer is not None:
-            self._idle_as_infer.wait()
+        if self.role_type is PolicyRole.EVAL and self._idle_gate is not None:
+            self._idle_gate.wait_idle()
+
+    @property
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop async rollouts run on: the one running at ``init_eval``, else one made for them."""
+        return self._loop
+
+    @property
+    def num_requests(self) -> int:
+        """Async rollout requests admitted and not yet finished."""
+        return self._admission.in_flight if self._admission is not None else 0
 
     def get_num_requests(self) -> int:
         return self.num_requests
@@ -304,12 +305,14 @@ class BasePolicy(nn.Module, ABC):
     # ------------------------------------------------------------------ framework: weights
     def notify_update_weights(self) -> None:
         """Tell the updater thread that a newer snapshot exists (no-op for strategy None)."""
-        if self._update_weights_signal is None:
+        if self._update_weights_signal is None or self._weight_update_done is None:
             return
-        # Clear "done" before raising the signal so a waiter never misses this update.
-        if self._weight_update_done is not None:
+        with self._update_lock:
+            # "done" is cleared before the signal is raised, and set again only by a cycle that
+            # started after this call, so a waiter never sees an older cycle as this update.
+            self._updates_requested += 1
             self._weight_update_done.clear()
-        self._update_weights_signal.set()
+            self._update_weights_signal.set()
 
     def wait_for_weight_update_done(self, timeout: float | None = None) -> bool:
         """Block until the updater finished its latest cycle; True also when there is no updater."""
@@ -324,16 +327,20 @@ class BasePolicy(nn.Module, ABC):
         while not self._stop_updater.is_set():
             if not self._update_weights_signal.wait(timeout=0.5):
                 continue
-            self._update_weights_signal.clear()
+            with self._update_lock:
+                self._update_weights_signal.clear()
+                serving = self._updates_requested
             try:
-                self.update_weights_from_buffer()
+                if not self._stop_updater.is_set():
+                    self.update_weights_from_buffer()
                 self.last_update_error = None
             except Exception as exc:  # never kill the thread: the next version may load fine
                 self.last_update_error = f"{type(exc).__name__}: {exc}"
                 logger.exception("weight update failed; keeping version %d", self.weight_version)
             finally:
-                if not self._update_weights_signal.is_set():
-                    self._weight_update_done.set()
+                with self._update_lock:
+                    if serving == self._updates_requested:
+                        self._weight_update_done.set()
 
     def update_weights_from_buffer(self) -> int | None:
         """Load the newest snapshot from the weight source; returns its version or None if none is newer."""
@@ -360,36 +367,17 @@ class BasePolicy(nn.Module, ABC):
                 del self.update_block_seconds[:5_000]
 
     def _pre_update_weights_hook(self) -> None:
-        if self.rollout_mode == "sync":
-            if self._idle_as_infer is not None:
-                self._idle_as_infer.wait()
-                self._idle_as_infer.clear()
-        elif self._loop is not None and self._accept_new_requests is not None:
-            done = threading.Event()
-
-            def close_gate() -> None:
-                assert self._accept_new_requests is not None
-                self._accept_new_requests.clear()
-                done.set()
-
-            if self._loop.is_running():
-                self._loop.call_soon_threadsafe(close_gate)
-                done.wait(timeout=5.0)
-            else:
-                close_gate()
-            with self._num_requests_lock:
-                while self.num_requests > 0:
-                    self._inflight_zero_cv.wait()
+        """Enter the rollout gate: wait for the step in flight (sync) or drain admitted requests (async)."""
+        if self._idle_gate is not None:
+            self._idle_gate.acquire()
+        elif self._admission is not None:
+            self._admission.close_and_drain()
 
     def _post_update_weights_hook(self) -> None:
-        if self.rollout_mode == "sync":
-            if self._idle_as_infer is not None:
-                self._idle_as_infer.set()
-        elif self._loop is not None and self._accept_new_requests is not None:
-            if self._loop.is_running():
-                self._loop.call_soon_threadsafe(self._accept_new_requests.set)
-            else:
-                self._accept_new_requests.set()
+        if self._idle_gate is not None:
+            self._idle_gate.release()
+        elif self._admission is not None:
+            self._admission.reopen()
 
     def get_param_fingerprint(self) -> dict[str, float]:
         """Per-parameter float32 L2 norms, ``"<module>.<param>" -> norm``; cheap to compare across pods."""
@@ -408,6 +396,8 @@ class BasePolicy(nn.Module, ABC):
             self._updater.join(timeout=5.0)
         if self._weight_source is not None:
             self._weight_source.close()
+        if self._owns_loop and self._loop is not None and not self._loop.is_running():
+            self._loop.close()
 
     # ------------------------------------------------------------------ framework: checkpoints
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:

@@ -1,0 +1,183 @@
+"""TensorDicts on the wire without pickle: a manifest of (key, dtype, shape, offset, nbytes) plus raw bytes.
+
+Pure: no I/O. :func:`encode` copies every leaf tensor once into one payload, each at an offset
+aligned to :data:`ALIGNMENT` bytes; :func:`decode` builds tensors that *view* the payload
+(``torch.frombuffer``, no copy), so the payload must outlive them. Nested keys are joined with
+``/`` (``("next", "observation")`` <-> ``"next/observation"``). Any dtype torch can view as bytes
+travels (float32/16, bfloat16, bool, integers, complex); non-tensor leaves are refused.
+
+Tensors decoded from an immutable ``bytes`` payload share read-only memory: treat them as read
+only, or pass a ``bytearray`` when the receiver wants to write in place.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor, is_non_tensor
+
+#: Offsets are multiples of this (a cache line), so decoded views are aligned for any dtype.
+ALIGNMENT = 64
+KEY_SEPARATOR = "/"
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex64,
+        torch.complex128,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
+
+
+class WireError(ValueError):
+    """A TensorDict that cannot be encoded, or a manifest/payload pair that does not fit together."""
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Where one leaf tensor lives in the payload."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "offset": self.offset,
+            "nbytes": self.nbytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorMeta:
+        return cls(
+            key=str(data["key"]),
+            dtype=str(data["dtype"]),
+            shape=tuple(int(d) for d in data["shape"]),
+            offset=int(data["offset"]),
+            nbytes=int(data["nbytes"]),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a receiver needs besides the bytes: the batch size and one :class:`TensorMeta` per leaf."""
+
+    batch_size: tuple[int, ...]
+    tensors: tuple[TensorMeta, ...]
+    total_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": list(self.batch_size),
+            "tensors": [meta.to_dict() for meta in self.tensors],
+            "total_bytes": self.total_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        return cls(
+            batch_size=tuple(int(d) for d in data["batch_size"]),
+            tensors=tuple(TensorMeta.from_dict(item) for item in data["tensors"]),
+            total_bytes=int(data["total_bytes"]),
+        )
+
+
+def _align(offset: int) -> int:
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
+def _dtype_name(dtype: torch.dtype, key: str) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise WireError(f"{key}: dtype {name} cannot be sent (supported: {', '.join(sorted(_DTYPES))})")
+    return name
+
+
+def _leaves(td: TensorDictBase) -> Iterable[tuple[str, torch.Tensor]]:
+    for key in td.keys(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
+        parts = (key,) if isinstance(key, str) else tuple(key)
+        for part in parts:
+            if KEY_SEPARATOR in part:
+                raise WireError(f"key {parts!r}: names may not contain {KEY_SEPARATOR!r}")
+        name = KEY_SEPARATOR.join(parts)
+        value = td.get(key)
+        if not isinstance(value, torch.Tensor) or is_non_tensor(value):
+            raise WireError(f"{name}: only tensors travel, got {type(value).__name__}")
+        yield name, value
+
+
+def plan(td: TensorDictBase) -> Manifest:
+    """The manifest :func:`encode` would produce, without copying anything."""
+    metas: list[TensorMeta] = []
+    offset = 0
+    for key, tensor in _leaves(td):
+        nbytes = tensor.numel() * tensor.element_size()
+        offset = _align(offset)
+        metas.append(TensorMeta(key, _dtype_name(tensor.dtype, key), tuple(tensor.shape), offset, nbytes))
+        offset += nbytes
+    return Manifest(batch_size=tuple(td.batch_size), tensors=tuple(metas), total_bytes=offset)
+
+
+def encode(td: TensorDictBase) -> tuple[Manifest, bytearray]:
+    """Copy every leaf of ``td`` into one payload; returns the manifest and the payload."""
+    manifest = plan(td)
+    payload = bytearray(manifest.total_bytes)
+    if manifest.total_bytes:
+        out = torch.frombuffer(payload, dtype=torch.uint8)
+        for meta in manifest.tensors:
+            if meta.nbytes:
+                tensor = td.get(tuple(meta.key.split(KEY_SEPARATOR)))
+                flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                out[meta.offset : meta.offset + meta.nbytes].copy_(flat)
+    return manifest, payload
+
+
+def decode(manifest: Manifest, payload: bytes | bytearray | memoryview) -> TensorDict:
+    """Rebuild the TensorDict; its tensors view ``payload`` (zero copy)."""
+    size = memoryview(payload).nbytes
+    if size < manifest.total_bytes:
+        raise WireError(f"payload has {size} bytes, the manifest needs {manifest.total_bytes}")
+    read_only = memoryview(payload).readonly
+    td = TensorDict({}, batch_size=manifest.batch_size)
+    for meta in manifest.tensors:
+        dtype = _DTYPES.get(meta.dtype)
+        if dtype is None:
+            raise WireError(f"{meta.key}: unknown dtype {meta.dtype!r}")
+        count = 1
+        for dim in meta.shape:
+            count *= dim
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if count * itemsize != meta.nbytes or meta.offset + meta.nbytes > size:
+            raise WireError(
+                f"{meta.key}: shape {meta.shape} of {meta.dtype} is {count * itemsize} bytes, "
+                f"manifest says {meta.nbytes} at offset {meta.offset} (payload {size} bytes)"
+            )
+        if count == 0:
+            tensor = torch.empty(meta.shape, dtype=dtype)
+        elif read_only:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                tensor = torch.frombuffer(payload, dtype=dtype, count=count, offset=meta.offset)
+        else:
+            tensor = torch.frombuffer(payload, dtype=dtype, count=count, offset=meta.offset)
+        td.set(tuple(meta.key.split(KEY_SEPARATOR)), tensor.view(meta.shape))
+    return td

@@ -1,0 +1,216 @@
+"""EnvGroup: ``numEnvs`` copies of one gymnasium env stepped as a batch, speaking EnvRet.
+
+I/O: creates environments (in-process, or in subprocesses with ``vectorization: async``). The
+group uses gymnasium's same-step autoreset: when an env's episode ends at a step, the EnvRet of
+that step already holds the first observation of its next episode in ``observation``, and the last
+observation of the episode that ended in ``final_observation``. ``final_observation`` is a full
+``[N, ...]`` tensor: rows of envs that did not end repeat ``observation``, so it is always the true
+next observation of the step. Episode returns and lengths are tracked here and collected with
+:meth:`EnvGroup.pop_finished_episodes`.
+
+Seeding: env ``i`` of a group is reset with ``seed + i``; the launcher gives replica ``r`` the seed
+``train.seed + r * numEnvs`` (:func:`replica_seed`), so no two envs of a job share a seed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+from rlkube.envs.types import EnvMeta, EnvRet
+
+if TYPE_CHECKING:
+    from rlkube.spec import EnvSpec
+
+
+class EnvError(ValueError):
+    """An environment that cannot be made (unknown id, failing import, bad kwargs) or a bad action."""
+
+
+def replica_seed(base_seed: int, replica_index: int, num_envs: int) -> int:
+    """The seed of a replica's first env; its envs use consecutive seeds after it."""
+    return base_seed + replica_index * num_envs
+
+
+def import_env_modules(modules: Iterable[str]) -> None:
+    """Import the modules that register custom env ids (``spec.env.imports``)."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise EnvError(f"spec.env.imports: cannot import {module!r}: {exc}") from exc
+
+
+def check_env_id(env_id: str, imports: Iterable[str] = ()) -> None:
+    """Raise :class:`EnvError` naming ``spec.env.id`` unless gymnasium knows ``env_id``."""
+    import_env_modules(imports)
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise EnvError(f"spec.env.id: got {env_id!r}, expected a registered gymnasium id ({exc})") from None
+
+
+def _make_env(env_id: str, kwargs: Mapping[str, Any], imports: tuple[str, ...]) -> gym.Env:
+    # Module level (not a closure) so async vectorization can send it to a subprocess.
+    import_env_modules(imports)
+    return gym.make(env_id, **dict(kwargs))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class EnvGroup:
+    """A batch of envs; ``reset()`` then ``step(action)``, each returning an :class:`EnvRet`."""
+
+    def __init__(
+        self,
+        env_id: str,
+        *,
+        num_envs: int,
+        kwargs: Mapping[str, Any] | None = None,
+        vectorization: str = "sync",
+        imports: Iterable[str] = (),
+        seed: int = 0,
+        clip_actions: bool = True,
+    ) -> None:
+        if num_envs < 1:
+            raise EnvError(f"spec.env.numEnvs: got {num_envs}, expected at least 1")
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.seed = seed
+        self.clip_actions = clip_actions
+        imports = tuple(imports)
+        check_env_id(env_id, imports)
+        env_kwargs = _plain(kwargs or {})
+        self._max_episode_steps = env_kwargs.get("max_episode_steps", gym.spec(env_id).max_episode_steps)
+        factory = functools.partial(_make_env, env_id, env_kwargs, imports)
+        vector_cls: type[SyncVectorEnv] | type[AsyncVectorEnv]
+        if vectorization == "sync":
+            vector_cls = SyncVectorEnv
+        elif vectorization == "async":
+            vector_cls = AsyncVectorEnv
+        else:
+            raise EnvError(f"spec.env.vectorization: got {vectorization!r}, expected 'sync' or 'async'")
+        try:
+            self.envs = vector_cls([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+        except TypeError as exc:  # unexpected keyword arguments of the env constructor
+            raise EnvError(f"spec.env.kwargs: {env_id} refused them: {exc}") from exc
+        self.single_observation_space = self.envs.single_observation_space
+        self.single_action_space = self.envs.single_action_space
+        self._env_id_tensor = torch.arange(num_envs)
+        self._episode_return = np.zeros(num_envs, dtype=np.float64)
+        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._finished_returns: list[float] = []
+        self._finished_lengths: list[int] = []
+        self._meta: EnvMeta | None = None
+        self._closed = False
+
+    @classmethod
+    def from_spec(cls, env: EnvSpec, *, base_seed: int, replica_index: int = 0) -> EnvGroup:
+        """The group of eval replica ``replica_index`` of a job's ``spec.env``."""
+        return cls(
+            env.id,
+            num_envs=env.num_envs,
+            kwargs=env.kwargs,
+            vectorization=env.vectorization,
+            imports=env.imports,
+            seed=replica_seed(base_seed, replica_index, env.num_envs),
+        )
+
+    @property
+    def meta(self) -> EnvMeta:
+        """Facts for ``construct_network``; available after the first :meth:`reset`."""
+        if self._meta is None:
+            raise RuntimeError("EnvGroup.meta is known after the first reset()")
+        return self._meta
+
+    def reset(self, seed: int | None = None) -> EnvRet:
+        """Reset every env (seeded ``seed + i``; default the group's seed) and the episode counters."""
+        first = seed if seed is not None else self.seed
+        observation, info = self.envs.reset(seed=first)
+        self.envs.action_space.seed(first)
+        self._episode_return[:] = 0.0
+        self._episode_length[:] = 0
+        if self._meta is None:
+            self._meta = EnvMeta(
+                env_name=self.env_id,
+                observation_space=self.single_observation_space,
+                action_space=self.single_action_space,
+                num_envs=self.num_envs,
+                max_episode_steps=self._max_episode_steps,
+            )
+        obs = torch.as_tensor(np.asarray(observation))
+        return EnvRet(env_id=self._env_id_tensor, observation=obs, info=info, final_observation=obs)
+
+    def step(self, action: Any) -> EnvRet:
+        """Step every env with its row of ``action``; ended episodes restart within this step."""
+        observation, reward, terminated, truncated, info = self.envs.step(self._to_env_action(action))
+        obs = torch.as_tensor(np.asarray(observation))
+        done = np.logical_or(terminated, truncated)
+        final = obs
+        if done.any():
+            final = obs.clone()
+            mask = info.get("_final_obs", done)
+            for i in np.flatnonzero(mask):
+                final[i] = torch.as_tensor(np.asarray(info["final_obs"][i]))
+        self._episode_return += reward
+        self._episode_length += 1
+        for i in np.flatnonzero(done):
+            self._finished_returns.append(float(self._episode_return[i]))
+            self._finished_lengths.append(int(self._episode_length[i]))
+            self._episode_return[i] = 0.0
+            self._episode_length[i] = 0
+        return EnvRet(
+            env_id=self._env_id_tensor,
+            observation=obs,
+            reward=torch.as_tensor(np.asarray(reward, dtype=np.float32)),
+            terminated=torch.as_tensor(np.asarray(terminated, dtype=bool)),
+            truncated=torch.as_tensor(np.asarray(truncated, dtype=bool)),
+            info=info,
+            final_observation=final,
+        )
+
+    def pop_finished_episodes(self) -> tuple[list[float], list[int]]:
+        """Returns and lengths of the episodes that ended since the last call."""
+        returns, lengths = self._finished_returns, self._finished_lengths
+        self._finished_returns, self._finished_lengths = [], []
+        return returns, lengths
+
+    def _to_env_action(self, action: Any) -> np.ndarray:
+        array = action.detach().cpu().numpy() if isinstance(action, torch.Tensor) else np.asarray(action)
+        if array.ndim == 0 or array.shape[0] != self.num_envs:
+            raise EnvError(
+                f"action has shape {tuple(array.shape)}; expected one row per env ({self.num_envs}, ...)"
+            )
+        space = self.single_action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return array.reshape(self.num_envs).astype(np.int64)
+        if isinstance(space, gym.spaces.Box):
+            array = array.reshape(self.num_envs, *space.shape).astype(space.dtype, copy=False)
+            if self.clip_actions:
+                array = np.clip(array, space.low, space.high)
+            return array
+        return array
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.envs.close()
+
+    def __enter__(self) -> EnvGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

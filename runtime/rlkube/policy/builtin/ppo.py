@@ -1,0 +1,184 @@
+"""The built-in ``PPO`` policy (``spec.policy.type: PPO``): CleanRL's PPO on rlkube's BasePolicy.
+
+``update_dataset`` receives this rank's ``[rows, T]`` share of the epoch's fragments, recomputes
+V(observation) and V(next_observation) with the current critic and computes GAE per row (see
+``ppo_math``). ``train`` runs ``updateEpochs`` passes of shuffled minibatches. ``spec.train.batchSize``
+is the *global* minibatch: with W DDP ranks each rank takes ``batchSize // W`` rows from its own
+share, so every rank takes the same number of optimizer steps (ranks hold equal-sized shares) and
+the job's hyperparameters do not depend on how many ranks it runs on.
+
+Metrics (``log_metric``): ``losses/policy_loss``, ``losses/value_loss``, ``losses/entropy``,
+``losses/approx_kl``, ``losses/clipfrac`` (minibatch means over the update), ``losses/explained_variance``
+(values at collection vs returns), ``charts/learning_rate`` (the rate used this update),
+``charts/update_epochs`` (passes run; fewer when ``targetKl`` stopped them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED, TRUNCATED
+from rlkube.envs.types import EnvRet, PolicyResponse
+from rlkube.policy.base import BasePolicy, PolicyRole, unwrap
+from rlkube.policy.builtin.actor_critic import ActorCritic
+from rlkube.policy.builtin.ppo_config import PPOAlgoConfig, PPOModelConfig, PPOOptimConfig, parse_section
+from rlkube.policy.builtin.ppo_math import clipped_surrogate, explained_variance, gae, normalize, value_loss
+from rlkube.policy.registry import POLICIES
+
+
+@POLICIES.register("PPO")
+class PPO(BasePolicy):
+    """Clipped-surrogate PPO with an MLP actor-critic; see the module docstring."""
+
+    def __init__(self, config: Any, role_type: PolicyRole | str) -> None:
+        super().__init__(config, role_type)
+        self.algo = parse_section(PPOAlgoConfig, config.algo_cfg, path="spec.policy.algoCfg")
+        self.optim_settings = parse_section(PPOOptimConfig, config.optim_cfg, path="spec.policy.optimCfg")
+        self.arch = parse_section(PPOModelConfig, config.model_cfg, path="spec.policy.modelCfg")
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+
+    # ------------------------------------------------------------------ network and optimizer
+    def construct_network(self, env_meta: Any, *args: Any, **kwargs: Any) -> None:
+        self.model = ActorCritic(
+            env_meta.observation_space,
+            env_meta.action_space,
+            hidden_sizes=self.arch.hidden_sizes,
+            activation=self.arch.activation,
+            init_log_std=self.arch.init_log_std,
+            ortho_init=self.arch.ortho_init,
+        ).to(self.device)
+
+    def setup_optimizer(self, optim_cfg: Any) -> None:
+        settings = self.optim_settings
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr, eps=settings.eps)
+        max_epochs = getattr(getattr(self, "train_config", None), "max_epochs", None)
+        if settings.anneal_lr and max_epochs:
+            total = float(max_epochs)
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda epoch: max(0.0, 1.0 - epoch / total)
+            )
+
+    # ------------------------------------------------------------------ rollout (EVAL)
+    def rollout_step(self, env_ret: EnvRet, deterministic: bool = False, **kwargs: Any) -> PolicyResponse:
+        action, log_prob, _, value = self.model(env_ret.observation, deterministic=deterministic)
+        return PolicyResponse(env_id=env_ret.env_id, action=action, log_prob=log_prob, value=value)
+
+    def postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
+        return None
+
+    # ------------------------------------------------------------------ training (TRAIN)
+    @torch.no_grad()
+    def update_dataset(self, data: TensorDict) -> None:
+        """GAE over this rank's ``[rows, T]`` share with the current critic, then flatten to ``b_``."""
+        data = data.to(self.device)
+        model = unwrap(self.model)
+        rows, steps = data.batch_size
+        flat_obs = data[OBSERVATION].reshape(rows * steps, *data[OBSERVATION].shape[2:])
+        flat_next = data[NEXT_OBSERVATION].reshape(rows * steps, *data[NEXT_OBSERVATION].shape[2:])
+        values = model.value(flat_obs).reshape(rows, steps)
+        next_values = model.value(flat_next).reshape(rows, steps)
+        advantages, returns = gae(
+            data[REWARD],
+            values,
+            next_values,
+            data[TERMINATED].bool(),
+            data[TRUNCATED].bool(),
+            gamma=self.algo.gamma,
+            gae_lambda=self.algo.gae_lambda,
+        )
+        self.dataset = TensorDict(
+            {
+                "obs": flat_obs,
+                "actions": data["action"].reshape(rows * steps, *data["action"].shape[2:]),
+                "logprobs": data["log_prob"].reshape(-1).float(),
+                "advantages": advantages.reshape(-1),
+                "returns": returns.reshape(-1),
+                "values": values.reshape(-1),
+            },
+            batch_size=[rows * steps],
+        )
+
+    def minibatch_size(self) -> int:
+        """This rank's minibatch: the global ``spec.train.batchSize`` split over the ranks."""
+        global_batch = getattr(getattr(self, "train_config", None), "batch_size", None)
+        size = len(self.dataset) if global_batch is None else max(1, int(global_batch) // self.world_size)
+        return min(size, len(self.dataset))
+
+    def train(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        if self.dataset is None or self.optimizer is None:
+            raise RuntimeError("PPO.train needs init_train() and update_dataset() first")
+        b = self.dataset
+        batch = len(b)
+        mb_size = self.minibatch_size()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
+        sums = {
+            name: torch.zeros((), device=b.device) for name in names
+        }  # summed on device: no sync per step
+        steps = 0
+        epochs_run = 0
+        for _ in range(self.algo.update_epochs):
+            epochs_run += 1
+            order = torch.randperm(batch, device=b.device)
+            epoch_kl = torch.zeros((), device=b.device)
+            epoch_steps = 0
+            for start in range(0, batch - mb_size + 1, mb_size):  # whole minibatches: equal steps per rank
+                mb = b[order[start : start + mb_size]]
+                _, new_log_prob, entropy, new_value = self.model(mb["obs"], mb["actions"])
+                mb_advantages = normalize(mb["advantages"]) if self.algo.norm_adv else mb["advantages"]
+                surrogate = clipped_surrogate(
+                    new_log_prob, mb["logprobs"], mb_advantages, clip_coef=self.algo.clip_coef
+                )
+                v_loss = value_loss(
+                    new_value,
+                    mb["values"],
+                    mb["returns"],
+                    clip_coef=self.algo.clip_coef,
+                    clip=self.algo.clip_vloss,
+                )
+                entropy_loss = entropy.mean()
+                loss = surrogate.loss - self.algo.ent_coef * entropy_loss + self.algo.vf_coef * v_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if self.optim_settings.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(params, self.optim_settings.max_grad_norm)
+                self.optimizer.step()
+                steps += 1
+                epoch_steps += 1
+                epoch_kl += surrogate.approx_kl
+                for name, value in zip(
+                    names,
+                    (surrogate.loss, v_loss, entropy_loss, surrogate.approx_kl, surrogate.clipfrac),
+                    strict=True,
+                ):
+                    sums[name] += value.detach()
+            target_kl = self.algo.target_kl
+            if (
+                target_kl is not None
+                and epoch_steps
+                and self._mean_over_ranks(epoch_kl / epoch_steps) > target_kl
+            ):
+                break
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        metrics = {f"losses/{key}": float(value) / max(steps, 1) for key, value in sums.items()}
+        metrics["losses/explained_variance"] = explained_variance(b["values"], b["returns"])
+        metrics["charts/learning_rate"] = lr
+        metrics["charts/update_epochs"] = float(epochs_run)
+        for key, value in metrics.items():
+            self.log_metric(key, value)
+        return metrics
+
+    def _mean_over_ranks(self, value: torch.Tensor) -> float:
+        """The same number on every rank (an early stop must be taken by all ranks or DDP hangs)."""
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            value = value.detach().clone()
+            torch.distributed.all_reduce(value)
+            value /= self.world_size
+        return float(value)

@@ -1,0 +1,88 @@
+"""The built-in PPO's settings: ``spec.policy.modelCfg``, ``optimCfg`` and ``algoCfg``.
+
+Pure: validation only. Keys use the YAML spelling (``gaeLambda``; the Python names are accepted
+too); an unknown key or a bad value is a :class:`~rlkube.spec.SpecError` naming
+``spec.policy.<section>.<key>``, raised when the policy is constructed, before any env starts.
+Defaults are CleanRL's ``ppo.py`` (classic control) unless noted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from rlkube.spec import SpecError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, validate_by_alias=True, extra="forbid", frozen=True
+    )
+
+
+class PPOAlgoConfig(_Section):
+    """``spec.policy.algoCfg``."""
+
+    gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (bias/variance trade-off).")
+    clip_coef: float = Field(0.2, gt=0.0, description="Surrogate clipping epsilon (also clips the value).")
+    vf_coef: float = Field(0.5, ge=0.0, description="Weight of the value loss.")
+    ent_coef: float = Field(0.0, ge=0.0, description="Weight of the entropy bonus.")
+    update_epochs: int = Field(4, ge=1, description="Passes over the epoch's data per train().")
+    norm_adv: bool = Field(True, description="Normalise advantages per minibatch.")
+    clip_vloss: bool = Field(True, description="Clip the value loss around the old values.")
+    target_kl: float | None = Field(
+        None,
+        gt=0.0,
+        description="Stop the update passes once the mean approx KL exceeds this (all ranks agree).",
+    )
+
+
+class PPOOptimConfig(_Section):
+    """``spec.policy.optimCfg`` (Adam)."""
+
+    lr: float = Field(2.5e-4, gt=0.0, description="Adam learning rate.")
+    eps: float = Field(1e-5, gt=0.0, description="Adam epsilon.")
+    max_grad_norm: float | None = Field(0.5, gt=0.0, description="Clip the global grad norm (null: off).")
+    anneal_lr: bool = Field(
+        False, description="Anneal the learning rate linearly to 0 over spec.train.maxEpochs."
+    )
+
+
+Activation = Literal["tanh", "relu", "elu", "gelu", "silu"]
+
+
+class PPOModelConfig(_Section):
+    """``spec.policy.modelCfg``: separate actor and critic MLPs."""
+
+    hidden_sizes: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [64, 64], description="Hidden layer widths of actor and critic."
+    )
+    activation: Activation = Field("tanh")
+    init_log_std: float = Field(0.0, description="Initial log std of the Gaussian head (Box actions).")
+    ortho_init: bool = Field(
+        True, description="Orthogonal init as in CleanRL (gain sqrt 2; heads 0.01 and 1)."
+    )
+
+
+Section = TypeVar("Section", bound=_Section)
+
+
+def parse_section(model: type[Section], data: Mapping[str, Any] | None, *, path: str) -> Section:
+    """Validate one config section; every problem is a line naming ``path.<key>``."""
+    try:
+        return model.model_validate(dict(data or {}))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join([path, *(str(part) for part in err["loc"])]) if err["loc"] else path
+            if err["type"] == "extra_forbidden":
+                known = ", ".join(sorted(f.alias or name for name, f in model.model_fields.items()))
+                problems.append(f"{where}: unknown key (known: {known})")
+            else:
+                message = str(err["msg"]).removeprefix("Input should be ").removeprefix("Value error, ")
+                problems.append(f"{where}: got {err.get('input')!r}, expected {message}")
+        raise SpecError(problems, source=path) from None

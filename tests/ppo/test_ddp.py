@@ -1,0 +1,58 @@
+"""Under DDP, PPO ranks train on their own equal shards, take the same steps and stay identical."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        import gymnasium as gym
+        from rlkube.envs.types import EnvMeta
+        from rlkube.policy.builtin.ppo import PPO
+        from rlkube.spec import PolicySpec, TrainSpec
+
+        from tests.ppo.test_policy import fake_fragment_data
+
+        torch.manual_seed(0)  # same initial weights on both ranks (DDP also broadcasts rank 0's)
+        meta = EnvMeta("CartPole-v1", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), num_envs=4)
+        spec = PolicySpec.model_validate({"algoCfg": {"updateEpochs": 3, "targetKl": 0.5}})
+        policy = PPO(spec, "train")
+        policy.init_train(TrainSpec.model_validate({"batchSize": 32, "stepsPerEpoch": 64}), env_meta=meta)
+        assert policy.world_size == world
+        data = fake_fragment_data(rows=4, steps=8)
+        torch.manual_seed(100 + rank)  # each rank's own shard and minibatch order
+        data["reward"] = torch.rand(4, 8)
+        policy.update_dataset(data)
+        assert policy.minibatch_size() == 16  # the global 32 split over 2 ranks
+        policy.train()
+        fingerprint = torch.tensor(list(policy.get_param_fingerprint().values()))
+        gathered = [torch.zeros_like(fingerprint) for _ in range(world)]
+        dist.all_gather(gathered, fingerprint)
+        if rank == 0:
+            torch.save(gathered, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_two_ddp_ranks_end_an_update_with_identical_weights(tmp_path: Path) -> None:
+    out = tmp_path / "fingerprints.pt"
+    mp.spawn(_rank, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    first, second = torch.load(out)
+    assert torch.equal(first, second)
