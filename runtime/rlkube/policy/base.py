@@ -87,6 +87,10 @@ class BasePolicy(nn.Module, ABC):
         self.weight_buffer_strategy: str = config.weight_buffer.strategy.value
         # eval side
         self._idle_as_infer: threading.Event | None = None
+        # Waiting for the idle gate and clearing it must be one step: two threads that both saw
+        # it set would both proceed (a rollout during a commit). Claims go through this lock.
+        self._idle_claim = threading.Lock()
+        self._gate_closed_at = 0.0
         self._update_weights_signal: threading.Event | None = None
         self._weight_update_done: threading.Event | None = None
         self._weight_source: WeightSource | None = None
@@ -256,8 +260,7 @@ class BasePolicy(nn.Module, ABC):
     def _rollout(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
         """Sync rollout under the idle gate (the updater commits only while the policy is idle)."""
         assert self._idle_as_infer is not None, "init_eval() has not run"
-        self._idle_as_infer.wait()
-        self._idle_as_infer.clear()
+        self._claim_idle()
         try:
             return self.rollout_step(env_ret.to(self.device), **kwargs)
         finally:
@@ -266,9 +269,16 @@ class BasePolicy(nn.Module, ABC):
     async def _rollout_async(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
         """Async rollout behind the admission gate; in-flight requests are counted for the updater."""
         assert self._accept_new_requests is not None, "init_eval() has not run in async rollout mode"
-        await self._accept_new_requests.wait()
-        with self._num_requests_lock:
-            self.num_requests += 1
+        gate = self._accept_new_requests
+        # A waiter resumes some loop iterations after the gate opened; by then the next update may
+        # have closed it again. Check and count in one step on the loop thread (close_gate runs
+        # there too), so the updater either sees this request in flight or it waits again.
+        while True:
+            await gate.wait()
+            if gate.is_set():
+                with self._num_requests_lock:
+                    self.num_requests += 1
+                break
         try:
             with torch.inference_mode():
                 result = self.rollout_step(env_ret.to(self.device), **kwargs)
@@ -285,13 +295,19 @@ class BasePolicy(nn.Module, ABC):
     def _postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
         gate = self._idle_as_infer
         if gate is not None:
-            gate.wait()
-            gate.clear()
+            self._claim_idle()
         try:
             return self.postprocess(env_ret, policy_resp)
         finally:
             if gate is not None:
                 gate.set()
+
+    def _claim_idle(self) -> None:
+        """Wait until the policy is idle and mark it busy, atomically with respect to other claimers."""
+        assert self._idle_as_infer is not None
+        with self._idle_claim:
+            self._idle_as_infer.wait()
+            self._idle_as_infer.clear()
 
     def check_idle(self) -> None:
         assert self.rollout_mode == "sync", "check_idle is only supported in sync rollout mode"
@@ -346,24 +362,28 @@ class BasePolicy(nn.Module, ABC):
         return staged.version
 
     def commit_staged_weights(self, staged: StagedWeights) -> None:
-        """Swap ``staged`` in under the rollout gate and record how long rollouts were blocked."""
+        """Swap ``staged`` in under the rollout gate and record how long rollouts were blocked.
+
+        Blocked time runs from the moment the gate closes (sync: the idle flag is claimed;
+        async: admission stops, so it includes draining in-flight requests) until it reopens.
+        """
         assert self._weight_source is not None
-        started = time.perf_counter()
         self._pre_update_weights_hook()
         try:
             self._weight_source.commit(self, staged)
             self.weight_version = staged.version
         finally:
             self._post_update_weights_hook()
-            self.update_block_seconds.append(time.perf_counter() - started)
+            self.update_block_seconds.append(time.perf_counter() - self._gate_closed_at)
             if len(self.update_block_seconds) > 10_000:
                 del self.update_block_seconds[:5_000]
 
     def _pre_update_weights_hook(self) -> None:
+        self._gate_closed_at = time.perf_counter()
         if self.rollout_mode == "sync":
             if self._idle_as_infer is not None:
-                self._idle_as_infer.wait()
-                self._idle_as_infer.clear()
+                self._claim_idle()
+            self._gate_closed_at = time.perf_counter()
         elif self._loop is not None and self._accept_new_requests is not None:
             done = threading.Event()
 
@@ -374,9 +394,12 @@ class BasePolicy(nn.Module, ABC):
 
             if self._loop.is_running():
                 self._loop.call_soon_threadsafe(close_gate)
-                done.wait(timeout=5.0)
+                while not done.wait(timeout=1.0):  # committing before the gate closed would race
+                    if not self._loop.is_running():
+                        close_gate()
             else:
                 close_gate()
+            self._gate_closed_at = time.perf_counter()
             with self._num_requests_lock:
                 while self.num_requests > 0:
                     self._inflight_zero_cv.wait()
