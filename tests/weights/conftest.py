@@ -22,11 +22,12 @@ def shm_dir() -> Iterator[Path]:
     before = set(os.listdir(SHM_ROOT))
     path = SHM_ROOT / f"rlkube-test-{secrets.token_hex(4)}"
     yield path
+    files = (
+        sorted(str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir()) if path.exists() else []
+    )
+    shutil.rmtree(path, ignore_errors=True)  # empty parent directories a test made are fine
     leaked = sorted(set(os.listdir(SHM_ROOT)) - before)
-    if path.exists():
-        contents = sorted(os.listdir(path))
-        shutil.rmtree(path, ignore_errors=True)
-        pytest.fail(f"{path} was left behind with {contents}")
+    assert files == [], f"{path} was left behind with {files}"
     assert leaked == [], f"new entries in /dev/shm: {leaked}"
 
 

@@ -7,8 +7,10 @@ where it needs them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 from rlkube.weights.copies import checksum
@@ -100,7 +102,42 @@ def pinning_reader(directory: str) -> None:
     say(done=True)
 
 
-ROLES = {"reader-loop": reader_loop, "hanging-writer": hanging_writer, "pinning-reader": pinning_reader}
+def eval_worker(directory: str, address: str, worker_id: str, strategy: str) -> None:
+    """An eval process: a TinyPolicy behind an EvalWeightPlane; answers {"sync": v} with what it loaded."""
+    from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
+
+    from tests.weights.tiny import observation, tiny_policy
+
+    policy = tiny_policy("eval", strategy=strategy, seed=7)
+    plane = EvalWeightPlane(EvalPlaneConfig(strategy, Path(directory), address, worker_id, chunk_bytes=1024))
+    plane.attach(policy)
+    policy.init_eval()
+    plane.start(policy)
+    say(ready=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if "sync" in command:
+            key = plane.sync(policy, min_version=command["sync"], timeout=30)
+            policy._rollout(observation())
+            say(
+                version=key[1] if key else None,
+                elected=plane.receiver.elected if plane.receiver else False,
+                fingerprint=policy.get_param_fingerprint(),
+                pid=os.getpid(),
+            )
+        if command.get("exit"):
+            break
+    policy.close()
+    plane.close()
+    say(closed=True)
+
+
+ROLES = {
+    "reader-loop": reader_loop,
+    "hanging-writer": hanging_writer,
+    "pinning-reader": pinning_reader,
+    "eval-worker": eval_worker,
+}
 
 if __name__ == "__main__":
     ROLES[sys.argv[1]](*sys.argv[2:])

@@ -106,18 +106,20 @@ class WatchWeightsRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., node_name: _Optional[str] = ..., after_version: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("version", "layout_digest", "offset", "length", "chunk_bytes")
+    __slots__ = ("version", "layout_digest", "offset", "length", "chunk_bytes", "incarnation")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     version: int
     layout_digest: str
     offset: int
     length: int
     chunk_bytes: int
-    def __init__(self, version: _Optional[int] = ..., layout_digest: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, version: _Optional[int] = ..., layout_digest: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("version", "offset", "data", "checksum")

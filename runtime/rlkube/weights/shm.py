@@ -46,6 +46,7 @@ import torch
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.weights.copies import checksum
+from rlkube.weights.errors import IntegrityError, ShmError, SlotBusyError, WriterBusyError
 from rlkube.weights.layout import WeightLayout, as_byte_tensor, views_of
 from rlkube.weights.locks import FileLock, LockTimeout, describe_pids, lock_holders
 from rlkube.weights.shm_header import (
@@ -96,22 +97,6 @@ def _is_ours(name: str) -> bool:
         or name.startswith(("slot-", "pin-", "layout-", NOTIFY_PREFIX))
         or name.endswith(".tmp")
     )
-
-
-class ShmError(RuntimeError):
-    """A weight buffer directory cannot be used; the message says why."""
-
-
-class WriterBusyError(ShmError):
-    """Another process is the writer of this directory."""
-
-
-class SlotBusyError(ShmError):
-    """Readers did not leave a slot before the writer's deadline; the message names them."""
-
-
-class IntegrityError(ShmError):
-    """A slot's bytes do not match its recorded checksum or layout."""
 
 
 def _prefault(mm: mmap.mmap, *, write: bool) -> None:
