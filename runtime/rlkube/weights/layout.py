@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlkube._proto import policy_group_pb2 as pb
@@ -234,10 +235,28 @@ def views_of(buffer: Any, layout: WeightLayout) -> dict[str, dict[str, torch.Ten
     return out
 
 
-def pack_into_(buffer: Any, state_dict: StateDict, layout: WeightLayout) -> None:
-    """Copy every tensor of ``state_dict`` into ``buffer`` at its offset (one copy per tensor)."""
-    check_matches(state_dict, layout)
-    dst = views_of(buffer, layout)
-    for module, params in state_dict.items():
-        for param, tensor in params.items():
-            copy_tensor_into_slot(dst[module][param], tensor)
+Destinations = list[tuple[torch.Tensor, np.ndarray]]
+
+
+def destinations_of(buffer: Any, layout: WeightLayout) -> Destinations:
+    """Per entry, in layout order: (typed view, raw byte view) of its place in ``buffer``."""
+    flat = as_byte_tensor(buffer)
+    views = views_of(flat, layout)
+    raw = flat.numpy()
+    return [(views[e.module][e.param], raw[e.offset : e.offset + e.nbytes]) for e in layout.entries]
+
+
+def pack_into_(
+    buffer: Any, state_dict: StateDict, layout: WeightLayout, *, destinations: Destinations | None = None
+) -> None:
+    """Copy every tensor of ``state_dict`` into ``buffer`` at its offset (one copy per tensor).
+
+    ``destinations`` (from :func:`destinations_of` on the same buffer and layout) skips
+    rebuilding the views; the state dict must then be the one the layout was made from.
+    """
+    if destinations is None:
+        check_matches(state_dict, layout)
+        destinations = destinations_of(buffer, layout)
+    tensors = (tensor for params in state_dict.values() for tensor in params.values())
+    for (dst, dst_bytes), tensor in zip(destinations, tensors, strict=True):
+        copy_tensor_into_slot(dst, tensor, dst_bytes)

@@ -23,7 +23,7 @@ import torch
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.weights.copies import checksum
-from rlkube.weights.layout import StateDict, WeightLayout, layout_of, pack_into_
+from rlkube.weights.layout import Destinations, StateDict, destinations_of, layout_of, pack_into_
 from rlkube.weights.service import VersionBoard, serve_weight_store
 from rlkube.weights.shm import ShmWriter
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
@@ -63,7 +63,7 @@ class WeightPublisher:
         self._server: grpc.Server | None = None
         self.port: int | None = None
         self._version = 0
-        self._layout: WeightLayout | None = None
+        self._destinations: dict[tuple[int, int, str], Destinations] = {}  # per slot mapping and layout
 
     def connect(self) -> WeightPublisher:
         self.writer.open()
@@ -114,12 +114,16 @@ class WeightPublisher:
         SlotBusyError if local eval readers hold the slot past ``slot_wait_timeout``.
         """
         number = self._version + 1 if version is None else int(version)
-        layout = self._layout_for(state_dict)
+        layout = layout_of(state_dict)  # from this very state dict: validates it, so no second check
         started = time.perf_counter()
         lease = self.writer.begin(version=number, incarnation=self.incarnation, layout=layout)
         try:
+            key = (lease.index, lease.array.ctypes.data, layout.digest)
+            if key not in self._destinations:
+                self._destinations = {k: v for k, v in self._destinations.items() if k[0] != lease.index}
+                self._destinations[key] = destinations_of(lease.tensor, layout)
             with torch.no_grad():
-                pack_into_(lease.tensor, state_dict, layout)
+                pack_into_(lease.tensor, state_dict, layout, destinations=self._destinations[key])
             total = checksum(lease.array)
         except BaseException:
             self.writer.abort(lease)
@@ -148,8 +152,3 @@ class WeightPublisher:
         )
         return number
 
-    def _layout_for(self, state_dict: StateDict) -> WeightLayout:
-        layout = layout_of(state_dict)
-        if self._layout is None or self._layout.digest != layout.digest:
-            self._layout = layout
-        return self._layout

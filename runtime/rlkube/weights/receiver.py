@@ -72,6 +72,7 @@ class ReceiverStats:
     fetches: int = 0  # versions fetched and published
     bytes: int = 0  # bytes received over the network
     rejected: int = 0
+    fetch_seconds: list[float] = field(default_factory=list)  # network + checks, per version (last 100)
     last_error: str | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -221,6 +222,7 @@ class NodeReceiver:
                 f"{layout.digest} has {layout.total_bytes}; nothing changed"
             )
         lease = self.writer.begin(version=version.version, incarnation=version.incarnation, layout=layout)
+        started = time.perf_counter()
         try:
             received = self._fetch(version, lease)
             if received != version.checksum:
@@ -231,6 +233,7 @@ class NodeReceiver:
         except BaseException:
             self.writer.abort(lease)
             raise
+        self.stats.fetch_seconds = [*self.stats.fetch_seconds[-99:], time.perf_counter() - started]
         meta = self.writer.commit(lease, checksum=version.checksum)
         self.stats.fetches += 1
         return meta
