@@ -33,18 +33,20 @@ class TensorBatch(_message.Message):
     def __init__(self, batch_size: _Optional[_Iterable[int]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class WeightEntry(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "offset", "nbytes")
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "module")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     offset: int
     nbytes: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    module: str
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., module: _Optional[str] = ...) -> None: ...
 
 class WeightLayout(_message.Message):
     __slots__ = ("digest", "total_bytes", "alignment", "entries")
@@ -104,18 +106,20 @@ class WatchWeightsRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., node_name: _Optional[str] = ..., after_version: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("version", "layout_digest", "offset", "length", "chunk_bytes")
+    __slots__ = ("version", "layout_digest", "offset", "length", "chunk_bytes", "incarnation")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     version: int
     layout_digest: str
     offset: int
     length: int
     chunk_bytes: int
-    def __init__(self, version: _Optional[int] = ..., layout_digest: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, version: _Optional[int] = ..., layout_digest: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("version", "offset", "data", "checksum")

@@ -1,0 +1,38 @@
+"""``rlkube bench NAME [options]``: dispatch to a benchmark's ``main(argv) -> int``.
+
+To add a benchmark, add a line to :data:`BENCHMARKS` (module path of a ``main(argv)``); modules
+are imported only when chosen, so one benchmark's optional peers never slow another down.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: name -> (module with ``main(argv) -> int``, one-line description)
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "weights": ("benchmarks.weights.run", "weight sync train -> eval: rlkube vs Ray, gloo, raw gRPC, memcpy"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: rlkube bench NAME [options]   (NAME --help for its options)", "", "benchmarks:"]
+    lines += [f"  {name:10s} {description}" for name, (_, description) in sorted(BENCHMARKS.items())]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in BENCHMARKS:
+        print(f"rlkube bench: unknown benchmark {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

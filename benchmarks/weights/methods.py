@@ -1,0 +1,408 @@
+"""The trainer side of every method in ``rlkube bench weights``, one class each.
+
+A method is started for one (state-dict spec, number of readers), measured for several
+versions, then stopped. ``measure(version, state_dict)`` returns the seconds from the trainer
+starting to send until the *last* reader has the version in its model, plus what the readers
+report (their load times and fingerprints, checked by run.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+
+from benchmarks.weights.models import Spec
+from benchmarks.weights.readers import RayReader, reader_process
+from rlkube.weights.layout import layout_of, pack_into_
+from rlkube.weights.publisher import PublisherConfig, WeightPublisher
+from rlkube.weights.wire import DEFAULT_CHUNK_BYTES, SERVER_OPTIONS
+
+StateDict = dict[str, dict[str, torch.Tensor]]
+SHM_ROOT = Path("/dev/shm")
+
+
+@dataclass
+class Result:
+    seconds: float
+    fingerprints: list[dict[str, float]] = field(default_factory=list)
+    net_bytes: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ProcessReaders:
+    """N reader processes (spawned) driven over pipes."""
+
+    def __init__(self, kind: str, count: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.conns = []
+        self.procs = []
+        for _ in range(count):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=reader_process, args=(child, kind), daemon=True)
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    def setup(self, configs: list[dict[str, Any]]) -> None:
+        """Send every reader its setup (they build concurrently); then call wait_ready()."""
+        for conn, config in zip(self.conns, configs, strict=True):
+            conn.send(("setup", config))
+
+    def teardown(self) -> None:
+        for conn in self.conns:
+            conn.send(("teardown", None))
+        for conn in self.conns:
+            self._recv(conn, "down")
+
+    def _recv(self, conn: Any, expect: str, timeout: float = 600.0) -> Any:
+        if not conn.poll(timeout):
+            raise TimeoutError(f"reader sent no {expect!r} within {timeout}s")
+        message = conn.recv()
+        if message[0] == "error":
+            raise RuntimeError(f"reader failed: {message[1]}")
+        if message[0] != expect:
+            raise RuntimeError(f"reader sent {message[0]!r}, expected {expect!r}")
+        return message[1] if len(message) > 1 else None
+
+    def wait_ready(self) -> None:
+        for conn in self.conns:
+            self._recv(conn, "ready")
+
+    def expect(self, version: int) -> None:
+        for conn in self.conns:
+            conn.send(("expect", version))
+
+    def loaded(self) -> list[float]:
+        return [self._recv(conn, "loaded") for conn in self.conns]
+
+    def fingerprints(self) -> list[dict[str, float]]:
+        return [self._recv(conn, "fingerprint") for conn in self.conns]
+
+    def stats(self) -> list[dict[str, Any]]:
+        for conn in self.conns:
+            conn.send(("stats", None))
+        return [self._recv(conn, "stats") for conn in self.conns]
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("exit", None))
+                self._recv(conn, "closed", timeout=30)
+            except (OSError, EOFError, TimeoutError, RuntimeError):
+                pass
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+class Method:
+    """start(readers) once; then per size: setup(spec, state) -> measure(...)* -> stats() -> teardown(); stop()."""
+
+    name = ""
+    scenario = ""
+    kind = ""  # reader process kind, "" for none
+    checks_fingerprint = True
+
+    def start(self, readers: int) -> None:
+        self.count = readers
+        self.readers = ProcessReaders(self.kind, readers) if self.kind else None
+
+    def setup(self, spec: Spec, state_dict: StateDict) -> None:
+        raise NotImplementedError
+
+    def measure(self, version: int, state_dict: StateDict) -> Result:
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def teardown(self) -> None:
+        if self.readers is not None:
+            self.readers.teardown()
+
+    def stop(self) -> None:
+        if self.readers is not None:
+            self.readers.close()
+
+
+class Rlkube(Method):
+    """rlkube as built: a WeightPublisher on the trainer, EvalWeightPlanes in the readers."""
+
+    kind = "rlkube"
+
+    def __init__(self, scenario: str, strategy: str = "Shared", streams: int = 1) -> None:
+        self.scenario = scenario
+        self.strategy = strategy
+        self.streams = streams
+        self.name = "rlkube" if strategy == "Shared" else f"rlkube-{strategy.lower()}x{streams}"
+
+    def setup(self, spec: Spec, state_dict: StateDict) -> None:
+        self.root = SHM_ROOT / f"rlkube-bench-{os.getpid()}"
+        remote = self.scenario == "b"
+        self.publisher = WeightPublisher(
+            PublisherConfig(
+                shm_dir=self.root / ("train" if remote else "node"),
+                listen="127.0.0.1:0" if remote else None,
+                slot_wait_timeout=300.0,
+            )
+        ).connect()
+        source = self.publisher.address or "127.0.0.1:1"  # (a): nobody fetches, the trainer writes the node's buffer
+        node = str(self.root / "node")
+        assert self.readers is not None
+        self.readers.setup(
+            [
+                {"spec": spec, "strategy": self.strategy, "shm_dir": node, "source": source,
+                 "streams": self.streams, "rank": rank}
+                for rank in range(self.count)
+            ]
+        )
+        self.readers.wait_ready()
+
+    def measure(self, version: int, state_dict: StateDict) -> Result:
+        assert self.readers is not None
+        served = self.publisher.board.stats.bytes
+        self.readers.expect(version)
+        t0 = time.perf_counter()
+        self.publisher.send(state_dict, version=version)
+        sent = time.perf_counter()
+        loaded = self.readers.loaded()
+        return Result(
+            max(loaded) - t0,
+            self.readers.fingerprints(),
+            net_bytes=self.publisher.board.stats.bytes - served,
+            extra={"send_s": sent - t0, "first_reader_s": min(loaded) - t0},
+        )
+
+    def stats(self) -> dict[str, Any]:
+        assert self.readers is not None
+        stats = self.readers.stats()
+        return {
+            "blocked": [b for s in stats for b in s["blocked"]],
+            "fetch_seconds": [f for s in stats for f in s["fetch_seconds"]],
+            "elected": sum(s["elected"] for s in stats),
+        }
+
+    def teardown(self) -> None:
+        super().teardown()
+        self.publisher.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Ray(Method):
+    """Ray's object store: ``ray.put`` once, every reader actor ``ray.get`` + load (RLightning's CPU buffer)."""
+
+    def __init__(self, scenario: str, variant: str) -> None:
+        self.scenario = scenario
+        self.variant = variant  # numpy | torch | numpy-views
+        self.name = f"ray-{variant}"
+        self.load = {"numpy": "load_numpy", "numpy-views": "load_numpy_views", "torch": "load_torch"}[variant]
+
+    def start(self, readers: int) -> None:
+        import ray
+
+        super().start(readers)
+        self.ray = ray
+        actor = ray.remote(num_cpus=0)(RayReader)
+        self.actors = [actor.remote() for _ in range(readers)]
+
+    def setup(self, spec: Spec, state_dict: StateDict) -> None:
+        self.ray.get([a.setup.remote(spec) for a in self.actors])
+
+    def measure(self, version: int, state_dict: StateDict) -> Result:
+        ray = self.ray
+        t0 = time.perf_counter()
+        if self.variant.startswith("numpy"):  # bf16 has no numpy dtype: its bytes travel as int16
+            payload: Any = {
+                m: {k: (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy() for k, t in p.items()}
+                for m, p in state_dict.items()
+            }
+        else:
+            payload = state_dict
+        ref = ray.put(payload)
+        loaded = ray.get([getattr(a, self.load).remote(ref) for a in self.actors])
+        seconds = max(loaded) - t0
+        del ref, payload
+        return Result(seconds, ray.get([a.fingerprint.remote() for a in self.actors]))
+
+    def teardown(self) -> None:
+        self.ray.get([a.setup.remote({}) for a in self.actors])
+
+    def stop(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
+
+
+class Gloo(Method):
+    """torch.distributed gloo broadcast from the trainer to every reader (RLightning's Double, on CPU)."""
+
+    kind = "gloo"
+
+    def __init__(self, scenario: str, variant: str) -> None:
+        self.scenario = scenario
+        self.variant = variant  # per-tensor | flat
+        self.name = f"gloo-{variant}"
+
+    def start(self, readers: int) -> None:
+        import torch.distributed as dist
+
+        super().start(readers)
+        self.dist = dist
+        self.init = f"tcp://127.0.0.1:{free_port()}"
+        self.initialized = False
+
+    def setup(self, spec: Spec, state_dict: StateDict) -> None:
+        assert self.readers is not None
+        variant = "flat" if self.variant == "flat" else "per_tensor"
+        self.readers.setup(
+            [
+                {"spec": spec, "init_method": self.init, "rank": r + 1, "world": self.count + 1, "variant": variant}
+                for r in range(self.count)
+            ]
+        )
+        if not self.initialized:
+            self.dist.init_process_group(
+                "gloo", init_method=self.init, rank=0, world_size=self.count + 1,
+                timeout=datetime.timedelta(seconds=300),
+            )
+            self.initialized = True
+        self.readers.wait_ready()
+        self.tensors = [t for params in state_dict.values() for t in params.values()]
+        self.flat = torch.empty(sum(t.numel() * t.element_size() for t in self.tensors), dtype=torch.uint8)
+
+    def measure(self, version: int, state_dict: StateDict) -> Result:
+        assert self.readers is not None
+        dist = self.dist
+        self.readers.expect(version)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if self.variant == "flat":
+            offset = 0
+            for t in self.tensors:  # pack: the trainer's one copy
+                n = t.numel() * t.element_size()
+                self.flat[offset : offset + n].copy_(t.reshape(-1).view(torch.uint8))
+                offset += n
+            dist.broadcast(self.flat, src=0)
+        else:
+            for t in self.tensors:
+                dist.broadcast(t.view(torch.int16) if t.dtype == torch.bfloat16 else t, src=0)
+        loaded = self.readers.loaded()
+        return Result(max(loaded) - t0, self.readers.fingerprints(), net_bytes=self.flat.numel() * self.count)
+
+    def teardown(self) -> None:
+        super().teardown()
+        self.flat = torch.empty(0, dtype=torch.uint8)
+
+    def stop(self) -> None:
+        super().stop()
+        if self.initialized:
+            self.dist.destroy_process_group()
+
+
+class RawGrpc(Method):
+    """A bare gRPC server stream of the flat bytes, each reader receiving and discarding them."""
+
+    kind = "grpc-raw"
+    checks_fingerprint = False
+
+    def __init__(self, scenario: str) -> None:
+        self.scenario = scenario
+        self.name = "grpc-raw"
+
+    def setup(self, spec: Spec, state_dict: StateDict) -> None:
+        assert self.readers is not None
+        layout = layout_of(state_dict)
+        self.flat = torch.empty(layout.total_bytes, dtype=torch.uint8)
+        pack_into_(self.flat, state_dict, layout)
+        view = memoryview(self.flat.numpy())
+
+        def stream(request: bytes, context: grpc.ServicerContext) -> Any:
+            for offset in range(0, len(view), DEFAULT_CHUNK_BYTES):
+                yield bytes(view[offset : offset + DEFAULT_CHUNK_BYTES])  # one copy, as rlkube's server
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(16), options=list(SERVER_OPTIONS))
+        handler = grpc.unary_stream_rpc_method_handler(stream)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Raw", {"Stream": handler}),))
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.readers.setup([{"address": f"127.0.0.1:{port}"} for _ in range(self.count)])
+        self.readers.wait_ready()
+
+    def measure(self, version: int, state_dict: StateDict) -> Result:
+        assert self.readers is not None
+        t0 = time.perf_counter()
+        self.readers.expect(version)
+        loaded = self.readers.loaded()
+        self.readers.fingerprints()
+        return Result(max(loaded) - t0, [], net_bytes=self.flat.numel() * len(loaded))
+
+    def teardown(self) -> None:
+        super().teardown()
+        self.server.stop(0).wait()
+
+
+class Memcpy(Method):
+    """The copy bound: one copy of the flat bytes in, one copy out per reader (one process, warm memory)."""
+
+    checks_fingerprint = False
+
+    def __init__(self, scenario: str) -> None:
+        self.scenario = scenario
+        self.name = "memcpy-bound"
+
+    def setup(self, spec: Spec, state_dict: StateDict) -> None:
+        total = sum(t.numel() * t.element_size() for p in state_dict.values() for t in p.values())
+        self.src, self.mid, self.dst = (np.ones(total, dtype=np.uint8) for _ in range(3))
+
+    def measure(self, version: int, state_dict: StateDict) -> Result:
+        t0 = time.perf_counter()
+        np.copyto(self.mid, self.src)
+        for _ in range(self.count):
+            np.copyto(self.dst, self.mid)
+        return Result(time.perf_counter() - t0)
+
+    def teardown(self) -> None:
+        del self.src, self.mid, self.dst
+
+
+def methods_for(scenario: str, names: list[str]) -> list[Method]:
+    """The methods of a scenario, in table order, restricted to ``names``."""
+    if scenario == "a":
+        every: list[Method] = [
+            Rlkube("a"),
+            Ray("a", "numpy"),
+            Ray("a", "torch"),
+            Ray("a", "numpy-views"),
+            Gloo("a", "per-tensor"),
+            Gloo("a", "flat"),
+            Memcpy("a"),
+        ]
+    else:
+        every = [
+            Rlkube("b"),
+            Rlkube("b", "Sharded", 4),
+            RawGrpc("b"),
+            Gloo("b", "flat"),
+            Memcpy("b"),
+        ]
+    return [m for m in every if m.name in names or m.name.split("-")[0] in names]

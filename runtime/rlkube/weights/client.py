@@ -1,0 +1,183 @@
+"""A WeightStore client: watch versions, read layouts, fetch byte ranges straight into a buffer.
+
+I/O (gRPC). Constructing it does nothing; :meth:`WeightStoreClient.connect` opens the channel.
+Every call carries a deadline. :meth:`fetch_into` checks every chunk (version, offset, order,
+bounds, xxh3) before its bytes are copied, once, into the destination; any mismatch raises
+:class:`IntegrityError` naming the version and offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import xxhash
+
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube.weights.copies import checksum, checksum_update, copy_message_into_slot
+from rlkube.weights.errors import FetchError, IntegrityError
+from rlkube.weights.layout import WeightLayout
+from rlkube.weights.wire import (
+    CHANNEL_OPTIONS,
+    DEFAULT_CHUNK_BYTES,
+    FETCH_METHOD,
+    LAYOUT_METHOD,
+    WATCH_METHOD,
+    decode_chunk,
+)
+
+
+@dataclass
+class FetchResult:
+    nbytes: int
+    chunks: int
+
+
+class WeightStoreClient:
+    """One channel to one WeightStore (a train rank)."""
+
+    def __init__(
+        self, address: str, *, rpc_timeout: float = 30.0, bytes_per_second_floor: float = 50e6
+    ) -> None:
+        self.address = address
+        self.rpc_timeout = rpc_timeout
+        # A fetch's deadline grows with its size: rpc_timeout + nbytes / floor.
+        self.bytes_per_second_floor = bytes_per_second_floor
+        self._channel: grpc.Channel | None = None
+
+    def connect(self) -> WeightStoreClient:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.address, options=list(CHANNEL_OPTIONS))
+            self._layout = self._channel.unary_unary(
+                LAYOUT_METHOD,
+                request_serializer=pb.GetLayoutRequest.SerializeToString,
+                response_deserializer=pb.WeightLayout.FromString,
+            )
+            self._watch = self._channel.unary_stream(
+                WATCH_METHOD,
+                request_serializer=pb.WatchWeightsRequest.SerializeToString,
+                response_deserializer=pb.WeightVersion.FromString,
+            )
+            self._fetch = self._channel.unary_stream(
+                FETCH_METHOD,
+                request_serializer=pb.FetchWeightsRequest.SerializeToString,
+                response_deserializer=None,  # raw bytes: decoded by wire.decode_chunk without copying
+            )
+        return self
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def __enter__(self) -> WeightStoreClient:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _error(self, what: str, exc: grpc.RpcError) -> FetchError:
+        code = exc.code() if hasattr(exc, "code") else None
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        err = FetchError(f"{what} from {self.address}: {getattr(code, 'name', code)}: {details}")
+        err.code = code  # type: ignore[attr-defined]
+        return err
+
+    def get_layout(self, digest: str = "") -> WeightLayout:
+        assert self._channel is not None, "connect() first"
+        try:
+            msg = self._layout(pb.GetLayoutRequest(layout_digest=digest), timeout=self.rpc_timeout)
+        except grpc.RpcError as exc:
+            raise self._error(f"GetLayout({digest or 'newest'})", exc) from exc
+        layout = WeightLayout.from_proto(msg)  # recomputes and checks the digest
+        if digest and layout.digest != digest:
+            raise IntegrityError(f"asked for layout {digest}, {self.address} sent {layout.digest}")
+        return layout
+
+    def watch(
+        self,
+        *,
+        after: tuple[str, int] | None,
+        worker_id: str = "",
+        node_name: str = "",
+        seconds: float = 75.0,
+    ) -> Iterator[pb.WeightVersion]:
+        """Versions newer than ``after`` until the server ends the stream (or ``seconds`` pass)."""
+        assert self._channel is not None, "connect() first"
+        request = pb.WatchWeightsRequest(
+            worker_id=worker_id,
+            node_name=node_name,
+            after_version=after[1] if after else 0,
+            incarnation=after[0] if after else "",
+        )
+        call = self._watch(request, timeout=seconds)
+        try:
+            yield from call
+        except grpc.RpcError as exc:
+            if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                raise self._error("WatchWeights", exc) from exc
+        finally:
+            call.cancel()
+
+    def fetch_into(
+        self,
+        version: pb.WeightVersion,
+        dst: np.ndarray,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        hasher: xxhash.xxh3_64 | None = None,
+    ) -> FetchResult:
+        """Fetch ``[offset, offset+length)`` of ``version`` into ``dst[offset:offset+length]`` (uint8).
+
+        With ``hasher``, the bytes also feed a running whole-buffer checksum (in order).
+        """
+        assert self._channel is not None, "connect() first"
+        end = version.total_bytes if length is None else offset + length
+        if not (0 <= offset <= end <= version.total_bytes) or end > dst.shape[0]:
+            raise ValueError(f"range [{offset}, {end}) does not fit version {version.version} / the buffer")
+        request = pb.FetchWeightsRequest(
+            version=version.version,
+            layout_digest=version.layout_digest,
+            offset=offset,
+            length=end - offset,
+            chunk_bytes=chunk_bytes,
+            incarnation=version.incarnation,
+        )
+        where = f"version {version.incarnation}/{version.version} from {self.address}"
+        expected = offset
+        chunks = 0
+        call = self._fetch(request, timeout=self.rpc_timeout + (end - offset) / self.bytes_per_second_floor)
+        try:
+            for message in call:
+                chunk = decode_chunk(message)
+                n = len(chunk.data)
+                if chunk.version != version.version:
+                    raise IntegrityError(f"{where}: received a chunk of version {chunk.version}")
+                if chunk.offset != expected:
+                    raise IntegrityError(
+                        f"{where}: chunk at offset {chunk.offset}, expected offset {expected}"
+                    )
+                if expected + n > end or n == 0:
+                    raise IntegrityError(
+                        f"{where}: chunk at offset {chunk.offset} ({n} bytes) overruns [.., {end})"
+                    )
+                if checksum(chunk.data) != chunk.checksum:
+                    raise IntegrityError(
+                        f"{where}: chunk at offset {chunk.offset} ({n} bytes) fails its checksum"
+                    )
+                copy_message_into_slot(dst[expected : expected + n], chunk.data)
+                if hasher is not None:
+                    checksum_update(hasher, chunk.data)
+                expected += n
+                chunks += 1
+        except grpc.RpcError as exc:
+            raise self._error(f"FetchWeights({where})", exc) from exc
+        finally:
+            call.cancel()
+        if expected != end:
+            raise IntegrityError(f"{where}: truncated: received {expected - offset} of {end - offset} bytes")
+        return FetchResult(end - offset, chunks)

@@ -1,0 +1,116 @@
+"""Every byte copy and every checksum pass on the weight plane's hot path, one named function each.
+
+Reading this module is how to count the copies a version costs end to end:
+
+========================  ==========================================  =====================
+function                  where                                       copies per version
+========================  ==========================================  =====================
+copy_tensor_into_slot     trainer: state dict -> its node's shm slot  1 (per tensor)
+copy_slot_into_message    weight server: slot -> gRPC message         1 per fetching node
+copy_message_into_slot    node receiver: gRPC message -> slot         1 per node
+copy_slot_into_shadow     eval, copy mode only (accelerators)         1 per eval policy
+copy_buffer_into_params   eval, strategy None only                    1 per eval policy
+========================  ==========================================  =====================
+
+Eval policies in view mode copy nothing: their parameters become views of the slot.
+(gRPC itself copies once more on each side, between its slices and Python ``bytes``; the raw
+gRPC stream in ``rlkube bench weights`` pays the same.) ``checksum_*`` are full passes over
+the bytes, not copies, and are counted the same way.
+
+Counters are per process; :data:`COPIES` is read by tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+
+class CopyCounter:
+    """Bytes and calls per named copy, per process (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+
+    def add(self, name: str, nbytes: int) -> None:
+        with self._lock:
+            self.bytes[name] += nbytes
+            self.calls[name] += 1
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """``name -> (calls, bytes)``."""
+        with self._lock:
+            return {k: (self.calls[k], self.bytes[k]) for k in self.calls}
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes.clear()
+            self.calls.clear()
+
+
+COPIES = CopyCounter()
+
+
+def _raw_bytes(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def copy_tensor_into_slot(dst: torch.Tensor, src: torch.Tensor, dst_bytes: np.ndarray | None = None) -> None:
+    """Trainer: one parameter (any device) into its place ``dst`` in the shm slot.
+
+    CPU tensors are copied as raw bytes by numpy (into ``dst_bytes``, the same memory as
+    ``dst``, when the caller has it): one thread, GIL released. torch's own copy fans out
+    over its intra-op threads, which on a shared, busy machine ran 5-7x slower (threads
+    waiting on each other) than a plain memcpy.
+    """
+    src = src.detach()
+    if src.device.type == "cpu" and src.is_contiguous() and not (src.is_conj() or src.is_neg()):
+        np.copyto(_raw_bytes(dst) if dst_bytes is None else dst_bytes, _raw_bytes(src))
+    else:
+        dst.copy_(src)
+    COPIES.add("copy_tensor_into_slot", dst.numel() * dst.element_size())
+
+
+def copy_slot_into_message(prefix: bytes, data: memoryview, suffix: bytes) -> bytes:
+    """Weight server: a chunk of a slot, framed as one protobuf message (one copy)."""
+    message = b"".join((prefix, data, suffix))
+    COPIES.add("copy_slot_into_message", len(data))
+    return message
+
+
+def copy_message_into_slot(dst: np.ndarray, data: memoryview) -> None:
+    """Node receiver: a chunk's bytes into the inactive slot (numpy releases the GIL for the copy)."""
+    np.copyto(dst, np.frombuffer(data, dtype=np.uint8))
+    COPIES.add("copy_message_into_slot", len(data))
+
+
+def copy_slot_into_shadow(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Eval, copy mode: a whole slot into a shadow buffer on the model's device."""
+    dst.copy_(src)
+    COPIES.add("copy_slot_into_shadow", src.numel())
+
+
+def copy_buffer_into_params(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Eval, strategy None: one tensor from the private receive buffer into the live parameter."""
+    dst.copy_(src)
+    COPIES.add("copy_buffer_into_params", src.numel() * src.element_size())
+
+
+def checksum(data: Any) -> int:
+    """xxh3-64 of a bytes-like object (one pass; releases the GIL)."""
+    nbytes = memoryview(data).nbytes
+    COPIES.add("checksum", nbytes)
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def checksum_update(hasher: xxhash.xxh3_64, data: Any) -> None:
+    """Feed the next bytes of a buffer to a running whole-buffer checksum."""
+    COPIES.add("checksum", memoryview(data).nbytes)
+    hasher.update(data)

@@ -1,0 +1,300 @@
+"""A node's receiver: fetch each new version once, straight into the inactive slot, then flip.
+
+I/O (threads, gRPC, shm). Every eval process of a node runs a :class:`NodeReceiver` on the
+node's buffer directory; the one that holds the directory's writer lock is the receiver, the
+others stand by and take over within ``election_interval`` when it dies (the kernel drops its
+lock). If the trainer itself writes the directory (same node), no eval process is elected and
+nothing crosses the network.
+
+The elected receiver watches train rank 0's WeightStore and, for the newest announced version:
+
+1. rejects it before touching any slot if it is not newer (same incarnation, lower or equal
+   number: :class:`StaleVersionError`) or its layout does not match its digest or size;
+2. takes the inactive slot and fetches the bytes into it chunk by chunk (each chunk checked,
+   then copied once); with ``streams > 1`` (Sharded) as parallel ranges from the train ranks
+   listed in the version's ``sources``, falling back to rank 0 for a range a peer cannot serve;
+3. checks length and the whole-buffer xxh3 against the announcement, then flips the header.
+
+Any failure in 2-3 marks the scratch slot EMPTY: the readable version and every reader stay as
+they were. A new incarnation (train rank 0 restarted) is accepted whatever its number.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xxhash
+
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube.weights.client import WeightStoreClient
+from rlkube.weights.copies import checksum
+from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
+from rlkube.weights.layout import LayoutError, WeightLayout
+from rlkube.weights.service import newer
+from rlkube.weights.shm import ShmWriter, SlotLease
+from rlkube.weights.shm_header import SlotMeta
+from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    #: The buffer directory this receiver fills (the node's, or the eval process's own for Double).
+    shm_dir: Path
+    #: Train rank 0's WeightStore ("host:port"): watched, and the fallback for every range.
+    source: str
+    #: Parallel range streams per fetch; more than 1 is the Sharded strategy.
+    streams: int = 1
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    worker_id: str = ""
+    node_name: str = ""
+    #: Deadline of unary calls; fetches get this plus size / 50 MB/s.
+    rpc_timeout: float = 30.0
+    #: Deadline of one WatchWeights stream (the server ends it earlier; then we reconnect).
+    watch_seconds: float = 75.0
+    #: How often a standby process tries to become the receiver.
+    election_interval: float = 0.5
+    #: How long a fetch waits for local readers to leave the inactive slot.
+    slot_wait_timeout: float = 30.0
+    #: Pause after a failed fetch or a lost connection before trying again.
+    retry_backoff: float = 0.5
+
+
+@dataclass
+class ReceiverStats:
+    elected: bool = False
+    fetches: int = 0  # versions fetched and published
+    bytes: int = 0  # bytes received over the network
+    rejected: int = 0
+    fetch_seconds: list[float] = field(default_factory=list)  # network + checks, per version (last 100)
+    last_error: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def split_ranges(total: int, streams: int, align: int) -> list[tuple[int, int]]:
+    """``streams`` contiguous [start, end) ranges covering ``total``, boundaries on ``align``."""
+    per = -(-total // max(1, streams))
+    per = max(align, -(-per // align) * align)
+    return [(start, min(start + per, total)) for start in range(0, total, per)] or [(0, 0)]
+
+
+class NodeReceiver:
+    """Elects itself among a directory's eval processes and keeps its buffer at the newest version."""
+
+    def __init__(self, config: ReceiverConfig) -> None:
+        self.config = config
+        self.writer = ShmWriter(config.shm_dir, slot_wait_timeout=config.slot_wait_timeout)
+        self.stats = ReceiverStats()
+        self._clients: dict[tuple[str, int], WeightStoreClient] = {}
+        self._layouts: dict[str, WeightLayout] = {}
+        self._stop = threading.Event()
+        self._announced = threading.Condition()
+        self._pending: pb.WeightVersion | None = None
+        self._threads: list[threading.Thread] = []
+        self._watch_client: WeightStoreClient | None = None
+
+    # -- life cycle
+    def start(self) -> NodeReceiver:
+        thread = threading.Thread(target=self._run, name="weight-receiver", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    @property
+    def elected(self) -> bool:
+        return self.writer.is_open
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._announced:
+            self._announced.notify_all()
+        if self._watch_client is not None:
+            self._watch_client.close()  # cancels the watch stream
+        for thread in self._threads:
+            thread.join(timeout=10.0)
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        self.writer.close()
+
+    def __enter__(self) -> NodeReceiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- threads
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.writer.is_open:
+                if not self.writer.try_open():
+                    self._stop.wait(self.config.election_interval)
+                    continue
+                self.stats.elected = True
+                logger.info("%s: elected weight receiver for %s", self.config.worker_id, self.config.shm_dir)
+                watcher = threading.Thread(target=self._watch, name="weight-watch", daemon=True)
+                watcher.start()
+                self._threads.append(watcher)
+            version = self._take_announced(timeout=0.5)
+            if version is None:
+                continue
+            try:
+                self.apply(version)
+            except StaleVersionError as exc:
+                logger.debug("%s", exc)
+            except (WeightPlaneError, LayoutError) as exc:
+                self._record_error(exc)
+                self._stop.wait(self.config.retry_backoff)
+                with self._announced:  # try again unless something newer came meanwhile
+                    if self._pending is None:
+                        self._pending = version
+            except Exception as exc:  # never let the receiver thread die
+                self._record_error(exc)
+                logger.exception("weight receiver failed")
+                self._stop.wait(self.config.retry_backoff)
+
+    def _record_error(self, exc: BaseException) -> None:
+        self.stats.rejected += 1
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        self.stats.errors = [*self.stats.errors[-9:], self.stats.last_error]
+        logger.warning("weight receiver: %s", self.stats.last_error)
+
+    def _watch(self) -> None:
+        client = self._watch_client = WeightStoreClient(
+            self.config.source, rpc_timeout=self.config.rpc_timeout
+        )
+        client.connect()
+        while not self._stop.is_set():
+            latest = self.writer.latest() if self.writer.is_open else None
+            after = latest.key if latest is not None else None
+            try:
+                for version in client.watch(
+                    after=after,
+                    worker_id=self.config.worker_id,
+                    node_name=self.config.node_name,
+                    seconds=self.config.watch_seconds,
+                ):
+                    self._announce(version)
+            except FetchError as exc:
+                if self._stop.is_set():
+                    return
+                logger.info("weight watch: %s; reconnecting", exc)
+                self._stop.wait(self.config.retry_backoff)
+            except ValueError:  # the channel was closed by close()
+                return
+
+    def _announce(self, version: pb.WeightVersion) -> None:
+        with self._announced:
+            pending = self._pending
+            if pending is None or newer(version, (pending.incarnation, pending.version)):
+                self._pending = version
+                self._announced.notify_all()
+
+    def _take_announced(self, timeout: float) -> pb.WeightVersion | None:
+        with self._announced:
+            if self._pending is None:
+                self._announced.wait(timeout)
+            version, self._pending = self._pending, None
+            return version
+
+    # -- one version
+    def apply(self, version: pb.WeightVersion) -> SlotMeta:
+        """Fetch, verify and publish ``version`` into this node's buffer (the writer must be open)."""
+        if not self.writer.is_open:
+            self.writer.open()
+            self.stats.elected = True
+        current = self.writer.latest()
+        if current is not None and not newer(version, current.key):
+            raise StaleVersionError(
+                f"version {version.incarnation}/{version.version} is not newer than the buffer's "
+                f"{current.incarnation}/{current.version}; nothing changed"
+            )
+        layout = self._layout(version.layout_digest)
+        if layout.total_bytes != version.total_bytes:
+            raise IntegrityError(
+                f"version {version.version} announces {version.total_bytes} bytes, its layout "
+                f"{layout.digest} has {layout.total_bytes}; nothing changed"
+            )
+        lease = self.writer.begin(version=version.version, incarnation=version.incarnation, layout=layout)
+        started = time.perf_counter()
+        try:
+            received = self._fetch(version, lease)
+            if received != version.checksum:
+                raise IntegrityError(
+                    f"version {version.version}: the {version.total_bytes} bytes received hash to "
+                    f"{received:016x}, the trainer announced {version.checksum:016x}"
+                )
+        except BaseException:
+            self.writer.abort(lease)
+            raise
+        self.stats.fetch_seconds = [*self.stats.fetch_seconds[-99:], time.perf_counter() - started]
+        meta = self.writer.commit(lease, checksum=version.checksum)
+        self.stats.fetches += 1
+        return meta
+
+    def _client(self, address: str, stream: int = 0) -> WeightStoreClient:
+        key = (address, stream)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = WeightStoreClient(
+                address, rpc_timeout=self.config.rpc_timeout
+            ).connect()
+        return client
+
+    def _layout(self, digest: str) -> WeightLayout:
+        layout = self._layouts.get(digest)
+        if layout is None:
+            layout = self._client(self.config.source).get_layout(digest)
+            self._layouts = {digest: layout, **dict(list(self._layouts.items())[:3])}
+        return layout
+
+    def _fetch(self, version: pb.WeightVersion, lease: SlotLease) -> int:
+        """Fill the lease from the network; returns the xxh3 of what was received."""
+        total = version.total_bytes
+        chunk = self.config.chunk_bytes
+        ranges = split_ranges(total, self.config.streams, chunk)
+        if len(ranges) == 1:
+            hasher = xxhash.xxh3_64()
+            result = self._client(self.config.source).fetch_into(
+                version, lease.array, chunk_bytes=chunk, hasher=hasher
+            )
+            self.stats.bytes += result.nbytes
+            return hasher.intdigest()
+        sources = list(version.sources) or [self.config.source]
+
+        def fetch_range(index: int) -> int:
+            start, end = ranges[index]
+            address = sources[index % len(sources)]
+            try:
+                got = self._client(address, index).fetch_into(
+                    version, lease.array, offset=start, length=end - start, chunk_bytes=chunk
+                )
+            except (FetchError, IntegrityError) as exc:
+                if address == self.config.source:
+                    raise
+                logger.info(
+                    "range %d-%d from %s failed (%s); fetching it from %s",
+                    start,
+                    end,
+                    address,
+                    exc,
+                    self.config.source,
+                )
+                got = self._client(self.config.source, index).fetch_into(
+                    version, lease.array, offset=start, length=end - start, chunk_bytes=chunk
+                )
+            return got.nbytes
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="weight-range") as pool:
+            self.stats.bytes += sum(pool.map(fetch_range, range(len(ranges))))
+        logger.debug(
+            "fetched %d bytes in %d ranges in %.3fs", total, len(ranges), time.perf_counter() - started
+        )
+        return checksum(lease.array)

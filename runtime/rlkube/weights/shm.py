@@ -1,0 +1,677 @@
+"""A two-slot weight buffer in a shared-memory directory: one writer, any number of readers.
+
+I/O (files, mmap, flock, unix datagrams). A directory (``/dev/shm/rlkube/...``, an emptyDir
+``medium: Memory`` or a hostPath shared by a node's pods) holds:
+
+==================  ================================================================
+file                role
+==================  ================================================================
+header              4 KiB record, see :mod:`rlkube.weights.shm_header`
+slot-0, slot-1      the two slots, preallocated and pre-faulted, reused across versions
+pin-0, pin-1        readers hold LOCK_SH on a slot's pin while they use it; the writer
+                    takes LOCK_EX before it overwrites that slot (with a deadline)
+writer.lock         LOCK_EX by the one writer (the trainer, or the node's elected receiver)
+attach.lock         LOCK_SH by every attached process; the last one out removes the files
+layout-<digest>.pb  the ``WeightLayout`` protobuf of a slot's content
+notify-*.sock       readers' wake-up sockets; the writer sends one datagram per publish
+==================  ================================================================
+
+Why a snapshot is never torn or mixed: the writer only writes the slot that is *not* latest,
+and only while it holds that slot's pin exclusively; a reader pins a slot, then re-reads its
+record and accepts it only if it is READY and still latest. While the pin is held nobody can
+write the slot, so its bytes and record are stable: readers can use zero-copy views of it for
+as long as they hold the pin. Locks are granted and dropped by the kernel (also when a process
+dies), so there is no memory-ordering subtlety and no lock left behind by SIGKILL.
+
+A writer killed mid-write leaves a WRITING slot that is not latest: readers keep the previous
+version and the next writer marks the slot EMPTY and reuses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import mmap
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube.weights.copies import checksum
+from rlkube.weights.errors import IntegrityError, ShmError, SlotBusyError, WriterBusyError
+from rlkube.weights.layout import WeightLayout, as_byte_tensor, views_of
+from rlkube.weights.locks import FileLock, LockTimeout, describe_pids, lock_holders
+from rlkube.weights.shm_header import (
+    HEADER_BYTES,
+    NUM_SLOTS,
+    Header,
+    HeaderError,
+    SlotMeta,
+    SlotState,
+    bump_seq,
+    check_header,
+    init_header,
+    read_header,
+    read_seq,
+    read_slot,
+    write_latest,
+    write_slot,
+    write_writer,
+)
+
+logger = logging.getLogger(__name__)
+
+HEADER = "header"
+WRITER_LOCK = "writer.lock"
+ATTACH_LOCK = "attach.lock"
+NOTIFY_PREFIX = "notify-"
+_MADV_POPULATE_READ = 22  # Linux 5.14+; Python's mmap module does not name them
+_MADV_POPULATE_WRITE = 23
+_SLOT_ROUNDING = 2 << 20  # slot files grow in 2 MiB steps
+_UNIX_PATH_MAX = 107
+
+
+def slot_path(directory: Path, index: int) -> Path:
+    return directory / f"slot-{index}"
+
+
+def pin_path(directory: Path, index: int) -> Path:
+    return directory / f"pin-{index}"
+
+
+def layout_path(directory: Path, digest: str) -> Path:
+    return directory / f"layout-{digest}.pb"
+
+
+def _is_ours(name: str) -> bool:
+    return (
+        name in (HEADER, WRITER_LOCK, ATTACH_LOCK)
+        or name.startswith(("slot-", "pin-", "layout-", NOTIFY_PREFIX))
+        or name.endswith(".tmp")
+    )
+
+
+def _prefault(mm: mmap.mmap, *, write: bool) -> None:
+    """Map every page now, so that neither copies nor rollouts pay first-touch faults later."""
+    try:
+        mm.madvise(_MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ)
+    except (OSError, ValueError):
+        pages = np.frombuffer(mm, dtype=np.uint8)[:: mmap.PAGESIZE]
+        if write:
+            pages[:] = pages  # touch for write without changing a byte
+        else:
+            int(pages.sum())
+        del pages
+
+
+# --------------------------------------------------------------------------- attach / detach
+def attach(directory: Path, *, timeout: float = 10.0) -> FileLock:
+    """Hold LOCK_SH on the directory's attach.lock (creating the directory as needed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(directory / ATTACH_LOCK)
+        try:
+            lock.acquire(fcntl.LOCK_SH, timeout=max(0.0, deadline - time.monotonic()), what="attach")
+        except FileNotFoundError:
+            lock.close()
+            continue
+        if lock.same_file():
+            return lock
+        lock.close()  # the last user removed the directory meanwhile; start again
+
+
+def detach(lock: FileLock, directory: Path, *, remove: bool) -> bool:
+    """Drop the attachment; the last process out removes the buffer's files. True if it removed them."""
+    removed = False
+    if remove and lock.try_acquire(fcntl.LOCK_EX) and lock.same_file():
+        for name in sorted(os.listdir(directory), key=lambda n: n == ATTACH_LOCK):
+            if _is_ours(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(directory / name)
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # fails harmlessly if something else lives there
+        removed = True
+    lock.close()
+    return removed
+
+
+# --------------------------------------------------------------------------- writer
+@dataclass
+class _Mapping:
+    file_gen: int
+    capacity: int
+    mm: mmap.mmap
+    array: np.ndarray  # uint8 over the whole file
+
+
+@dataclass(eq=False)
+class SlotLease:
+    """A slot the writer is filling: write ``array`` (or ``tensor``), then commit or abort."""
+
+    index: int
+    version: int
+    incarnation: str
+    layout: WeightLayout
+    array: np.ndarray  # uint8, exactly layout.total_bytes long, writable
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.array)
+
+
+@dataclass(eq=False)
+class PinnedSlot:
+    """A READY slot pinned for reading inside the writer's process (the weight server uses it)."""
+
+    meta: SlotMeta
+    data: memoryview
+    _pin: FileLock
+    _wanted: threading.Event
+
+    @property
+    def superseded(self) -> bool:
+        """The writer wants this slot for a newer version: readers of it should let go soon."""
+        return self._wanted.is_set()
+
+    def release(self) -> None:
+        self.data = memoryview(b"")
+        self._pin.close()
+
+
+class ShmWriter:
+    """The one writer of a buffer directory. ``open()`` elects it (or raises WriterBusyError)."""
+
+    def __init__(
+        self, directory: Path | str, *, slot_wait_timeout: float = 30.0, remove_on_close: bool = True
+    ) -> None:
+        self.directory = Path(directory)
+        self.slot_wait_timeout = slot_wait_timeout
+        self.remove_on_close = remove_on_close
+        self._attach: FileLock | None = None
+        self._writer_lock: FileLock | None = None
+        self._header_mm: mmap.mmap | None = None
+        self._maps: list[_Mapping | None] = [None] * NUM_SLOTS
+        self._pins = [FileLock(pin_path(self.directory, i)) for i in range(NUM_SLOTS)]
+        self._wanted = [threading.Event() for _ in range(NUM_SLOTS)]
+        self._lock = threading.Lock()  # begin/commit/abort from one thread at a time
+        self._notify_sock: socket.socket | None = None
+        self.token = secrets.token_bytes(16)
+
+    # -- life cycle
+    def try_open(self) -> bool:
+        """Become the writer if nobody is; False (and nothing held) if another process is."""
+        try:
+            self.open()
+        except WriterBusyError:
+            return False
+        return True
+
+    def open(self) -> ShmWriter:
+        self._attach = attach(self.directory)
+        lock = FileLock(self.directory / WRITER_LOCK)
+        if not lock.try_acquire(fcntl.LOCK_EX):
+            holders = lock_holders(lock.path)
+            lock.close()
+            detach(self._attach, self.directory, remove=False)
+            self._attach = None
+            raise WriterBusyError(f"{self.directory} already has a writer: {describe_pids(holders)}")
+        self._writer_lock = lock
+        self._header_mm = self._open_header()
+        self._recover()
+        write_writer(self._header_mm, os.getpid(), self.token)
+        self._notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notify_sock.setblocking(False)
+        return self
+
+    @property
+    def is_open(self) -> bool:
+        return self._header_mm is not None
+
+    def close(self) -> None:
+        if self._attach is None:
+            return
+        for pin in self._pins:
+            pin.close()
+        self._maps = [None] * NUM_SLOTS  # the mmaps close when no view references them
+        if self._notify_sock is not None:
+            self._notify_sock.close()
+        self._header_mm = None
+        if self._writer_lock is not None:
+            self._writer_lock.close()
+        detach(self._attach, self.directory, remove=self.remove_on_close)
+        self._attach = None
+
+    def __enter__(self) -> ShmWriter:
+        return self.open() if not self.is_open else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open_header(self) -> mmap.mmap:
+        path = self.directory / HEADER
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            if size not in (0, HEADER_BYTES):
+                logger.warning("%s: header of %d bytes is not ours; replacing the buffer files", path, size)
+                os.close(fd)
+                for name in os.listdir(self.directory):
+                    if name.startswith(("slot-", "layout-")) or name == HEADER:
+                        os.unlink(self.directory / name)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                size = 0
+            if size == 0:
+                os.ftruncate(fd, HEADER_BYTES)
+            mm = mmap.mmap(fd, HEADER_BYTES)
+        finally:
+            os.close(fd)
+        try:
+            check_header(mm)
+        except HeaderError as exc:
+            if size:
+                logger.warning("%s: %s; starting an empty buffer", path, exc)
+            init_header(mm)
+        return mm
+
+    def _recover(self) -> None:
+        """Make a header left by a dead writer usable: unfinished slots become EMPTY."""
+        mm = self._header_mm
+        assert mm is not None
+        header = read_header(mm)
+        for i, meta in enumerate(header.slots):
+            path = slot_path(self.directory, i)
+            file_ok = path.exists() and path.stat().st_size >= max(meta.capacity, 1)
+            ready = (
+                meta.state == SlotState.READY
+                and file_ok
+                and meta.length <= meta.capacity
+                and layout_path(self.directory, meta.digest).exists()
+            )
+            if not ready and meta.state != SlotState.EMPTY:
+                logger.info(
+                    "%s: slot %d was %s (a writer died); marking it EMPTY", self.directory, i, meta.state.name
+                )
+            if not ready:
+                write_slot(mm, i, SlotMeta(capacity=meta.capacity if file_ok else 0, file_gen=meta.file_gen))
+        header = read_header(mm)
+        latest = header.latest_slot()
+        if latest is None or latest.state != SlotState.READY:
+            write_latest(mm, -1)
+
+    # -- reading the header
+    def header(self) -> Header:
+        assert self._header_mm is not None, "open() first"
+        return read_header(self._header_mm)
+
+    def latest(self) -> SlotMeta | None:
+        return self.header().latest_slot()
+
+    # -- writing a version
+    def begin(self, *, version: int, incarnation: str, layout: WeightLayout) -> SlotLease:
+        """Take the slot that is not latest (waiting up to ``slot_wait_timeout`` for readers to leave it)."""
+        assert self._header_mm is not None, "open() first"
+        self._lock.acquire()
+        try:
+            header = read_header(self._header_mm)
+            index = 0 if header.latest < 0 else 1 - header.latest
+            self._wanted[index].set()
+            try:
+                self._pins[index].acquire(
+                    fcntl.LOCK_EX, timeout=self.slot_wait_timeout, what=f"writer waiting for slot {index}"
+                )
+            except LockTimeout as exc:
+                raise SlotBusyError(
+                    f"{exc}; readers pin a slot while their models use it (view mode) and move off "
+                    "when they load the next version"
+                ) from exc
+            finally:
+                self._wanted[index].clear()
+            try:
+                self._write_layout(layout)
+                mapping = self._map_slot(index, header.slots[index], layout.total_bytes)
+                write_slot(
+                    self._header_mm,
+                    index,
+                    SlotMeta(
+                        SlotState.WRITING,
+                        version,
+                        layout.total_bytes,
+                        0,
+                        mapping.capacity,
+                        mapping.file_gen,
+                        0.0,
+                        incarnation,
+                        layout.digest,
+                    ),
+                )
+            except BaseException:
+                self._pins[index].release()
+                raise
+            return SlotLease(index, version, incarnation, layout, mapping.array[: layout.total_bytes])
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def commit(self, lease: SlotLease, *, checksum: int) -> SlotMeta:
+        """Mark the slot READY, make it latest, release it and wake the readers."""
+        mm = self._header_mm
+        assert mm is not None
+        try:
+            old = read_slot(mm, lease.index)
+            meta = SlotMeta(
+                SlotState.READY,
+                lease.version,
+                lease.layout.total_bytes,
+                checksum,
+                old.capacity,
+                old.file_gen,
+                time.time(),
+                lease.incarnation,
+                lease.layout.digest,
+            )
+            write_slot(mm, lease.index, meta)
+            write_latest(mm, lease.index)
+            bump_seq(mm)
+            self._pins[lease.index].release()
+        finally:
+            self._lock.release()
+        self._drop_unused_layouts()
+        self.notify_readers()
+        return meta
+
+    def abort(self, lease: SlotLease) -> None:
+        """Give the slot back unpublished (EMPTY); the latest version stays what it was."""
+        mm = self._header_mm
+        assert mm is not None
+        try:
+            old = read_slot(mm, lease.index)
+            write_slot(mm, lease.index, SlotMeta(capacity=old.capacity, file_gen=old.file_gen))
+            self._pins[lease.index].release()
+        finally:
+            self._lock.release()
+
+    def _write_layout(self, layout: WeightLayout) -> None:
+        path = layout_path(self.directory, layout.digest)
+        if path.exists():
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(layout.to_proto().SerializeToString())
+        os.replace(tmp, path)
+
+    def _drop_unused_layouts(self) -> None:
+        assert self._header_mm is not None
+        used = {s.digest for s in read_header(self._header_mm).slots if s.digest}
+        for name in os.listdir(self.directory):
+            if name.startswith("layout-") and name.endswith(".pb") and name[7:-3] not in used:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.directory / name)
+
+    def _map_slot(self, index: int, meta: SlotMeta, need: int) -> _Mapping:
+        cached = self._maps[index]
+        if cached is not None and cached.file_gen == meta.file_gen and cached.capacity >= need:
+            return cached
+        path = slot_path(self.directory, index)
+        if meta.file_gen and meta.capacity >= need and path.exists() and path.stat().st_size >= meta.capacity:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                mm = mmap.mmap(fd, meta.capacity)
+            finally:
+                os.close(fd)
+            _prefault(mm, write=False)  # the bytes may be a live version: touch without writing
+            mapping = _Mapping(meta.file_gen, meta.capacity, mm, np.frombuffer(mm, dtype=np.uint8))
+        else:
+            mapping = self._create_slot_file(path, max(need, meta.capacity))
+        self._maps[index] = mapping
+        return mapping
+
+    def _create_slot_file(self, path: Path, need: int) -> _Mapping:
+        capacity = max(_SLOT_ROUNDING, -(-need // _SLOT_ROUNDING) * _SLOT_ROUNDING)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, capacity)
+            try:
+                os.posix_fallocate(fd, 0, capacity)
+            except OSError as exc:
+                os.unlink(tmp)
+                raise ShmError(f"cannot allocate {capacity} bytes in {path.parent}: {exc}") from exc
+            mm = mmap.mmap(fd, capacity)
+        finally:
+            os.close(fd)
+        _prefault(mm, write=True)
+        os.replace(tmp, path)
+        return _Mapping(secrets.randbits(62) + 1, capacity, mm, np.frombuffer(mm, dtype=np.uint8))
+
+    # -- serving committed versions from this process
+    def pin_version(self, incarnation: str, version: int) -> PinnedSlot | None:
+        """Pin the READY slot holding (incarnation, version) for reading, or None if no slot holds it."""
+        assert self._header_mm is not None
+        for index, meta in enumerate(read_header(self._header_mm).slots):
+            if meta.state != SlotState.READY or meta.key != (incarnation, version):
+                continue
+            pin = FileLock(pin_path(self.directory, index))
+            if not pin.try_acquire(fcntl.LOCK_SH):
+                pin.close()
+                return None  # the writer is overwriting it
+            meta = read_slot(self._header_mm, index)
+            mapping = self._maps[index]
+            if meta.state != SlotState.READY or meta.key != (incarnation, version) or mapping is None:
+                pin.close()
+                return None
+            return PinnedSlot(meta, memoryview(mapping.mm)[: meta.length], pin, self._wanted[index])
+        return None
+
+    # -- waking readers
+    def notify_readers(self) -> None:
+        sock = self._notify_sock
+        if sock is None:
+            return
+        for name in os.listdir(self.directory):
+            if not (name.startswith(NOTIFY_PREFIX) and name.endswith(".sock")):
+                continue
+            path = self.directory / name
+            try:
+                sock.sendto(b"!", str(path))
+            except ConnectionRefusedError:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # its reader died without cleaning up
+            except OSError:
+                pass  # queue full (the reader has a wake-up pending) or a vanished file
+
+
+# --------------------------------------------------------------------------- reader
+@dataclass(eq=False)
+class Snapshot:
+    """A pinned READY slot: ``views`` stay valid and unchanged until :meth:`release`."""
+
+    slot: int
+    meta: SlotMeta
+    layout: WeightLayout
+    views: dict[str, dict[str, torch.Tensor]]
+    buffer: torch.Tensor  # uint8 over the slot's bytes (read-only)
+    _pin: FileLock = field(repr=False)
+
+    @property
+    def version(self) -> int:
+        return self.meta.version
+
+    @property
+    def incarnation(self) -> str:
+        return self.meta.incarnation
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.meta.key
+
+    def release(self) -> None:
+        self._pin.close()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class ShmReader:
+    """Reads the newest READY snapshot of a buffer directory (any number per process or node)."""
+
+    def __init__(self, directory: Path | str, *, verify: bool = False, remove_on_close: bool = True) -> None:
+        self.directory = Path(directory)
+        self.verify = verify
+        self.remove_on_close = remove_on_close
+        self._attach: FileLock | None = None
+        self._header: tuple[int, mmap.mmap] | None = None  # (inode, mapping)
+        self._maps: dict[int, tuple[int, mmap.mmap]] = {}  # slot -> (file_gen, mapping)
+        self._layouts: dict[str, WeightLayout] = {}
+        self._views: dict[tuple[int, int, str], dict[str, dict[str, torch.Tensor]]] = {}
+
+    def open(self) -> ShmReader:
+        self._attach = attach(self.directory)
+        return self
+
+    def close(self) -> None:
+        if self._attach is None:
+            return
+        self._views.clear()
+        self._maps.clear()
+        self._header = None
+        detach(self._attach, self.directory, remove=self.remove_on_close)
+        self._attach = None
+
+    def __enter__(self) -> ShmReader:
+        return self.open() if self._attach is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _header_map(self) -> mmap.mmap | None:
+        path = self.directory / HEADER
+        try:
+            inode = os.stat(path).st_ino
+        except FileNotFoundError:
+            return None
+        if self._header is not None and self._header[0] == inode:
+            return self._header[1]
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            if os.fstat(fd).st_size < HEADER_BYTES:
+                return None  # a writer is creating it
+            mm = mmap.mmap(fd, HEADER_BYTES, access=mmap.ACCESS_READ)
+            self._header = (os.fstat(fd).st_ino, mm)
+        finally:
+            os.close(fd)
+        return mm
+
+    def seq(self) -> int | None:
+        """The publish counter (None before any writer made the header): cheap change detection."""
+        mm = self._header_map()
+        if mm is None:
+            return None
+        try:
+            check_header(mm)
+        except HeaderError:
+            return None
+        return read_seq(mm)
+
+    def peek(self) -> Header | None:
+        """The header as it is now (unpinned: advisory only)."""
+        mm = self._header_map()
+        if mm is None:
+            return None
+        try:
+            return read_header(mm)
+        except HeaderError:
+            return None
+
+    def acquire(self, *, newer_than: tuple[str, int] | None = None, timeout: float = 5.0) -> Snapshot | None:
+        """Pin and return the newest snapshot, or None if there is none or it is ``newer_than`` itself."""
+        deadline = time.monotonic() + timeout
+        delay = 0.0001
+        while True:
+            mm = self._header_map()
+            header = self.peek() if mm is not None else None
+            if header is None or header.latest < 0:
+                return None
+            index = header.latest
+            if header.slots[index].key == newer_than:
+                return None
+            pin = FileLock(pin_path(self.directory, index))
+            if pin.try_acquire(fcntl.LOCK_SH):
+                assert mm is not None
+                meta = read_slot(mm, index)
+                if meta.state == SlotState.READY and read_header(mm).latest == index:
+                    if meta.key == newer_than:
+                        pin.close()
+                        return None
+                    try:
+                        return self._snapshot(index, meta, pin)
+                    except BaseException:
+                        pin.close()
+                        raise
+            pin.close()
+            if time.monotonic() > deadline:
+                raise LockTimeout(f"{self.directory}: could not pin the newest slot within {timeout:.1f}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+
+    def _snapshot(self, index: int, meta: SlotMeta, pin: FileLock) -> Snapshot:
+        mm = self._slot_map(index, meta)
+        layout = self._layout(meta.digest)
+        if meta.length != layout.total_bytes:
+            raise IntegrityError(
+                f"slot {index} holds {meta.length} bytes but layout {meta.digest} needs {layout.total_bytes}"
+            )
+        key = (index, meta.file_gen, meta.digest)
+        views = self._views.get(key)
+        if views is None:
+            for stale in [k for k in self._views if k[0] == index]:
+                del self._views[stale]
+            views = self._views[key] = views_of(mm, layout)
+        data = memoryview(mm)[: meta.length]
+        if self.verify and checksum(data) != meta.checksum:
+            raise IntegrityError(f"slot {index} (version {meta.version}) does not match its checksum")
+        return Snapshot(index, meta, layout, views, as_byte_tensor(mm)[: meta.length], pin)
+
+    def _slot_map(self, index: int, meta: SlotMeta) -> mmap.mmap:
+        cached = self._maps.get(index)
+        if cached is not None and cached[0] == meta.file_gen:
+            return cached[1]
+        fd = os.open(slot_path(self.directory, index), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if size < meta.capacity or size < meta.length:
+                raise IntegrityError(f"slot file {index} has {size} bytes, its record says {meta.capacity}")
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        _prefault(mm, write=False)
+        self._maps[index] = (meta.file_gen, mm)
+        return mm
+
+    def _layout(self, digest: str) -> WeightLayout:
+        layout = self._layouts.get(digest)
+        if layout is None:
+            msg = pb.WeightLayout.FromString(layout_path(self.directory, digest).read_bytes())
+            layout = self._layouts[digest] = WeightLayout.from_proto(msg)
+            if layout.digest != digest:
+                raise IntegrityError(f"layout file {digest} describes layout {layout.digest}")
+        return layout
+
+
+def notify_socket_path(directory: Path) -> Path | None:
+    """A fresh path for a reader's wake-up socket, or None if the directory's path is too long for one."""
+    path = directory / f"{NOTIFY_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.sock"
+    return path if len(str(path)) <= _UNIX_PATH_MAX else None

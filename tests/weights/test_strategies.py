@@ -1,0 +1,105 @@
+"""Every strategy delivers the trainer's weights to eval policies: fingerprints and bytes match."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from rlkube.weights.consistency import verify_eval_weight_consistency
+from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
+from rlkube.weights.publisher import PublisherConfig, WeightPublisher
+
+from tests.weights.tiny import observation, tiny_policy
+
+HIDDEN = 192  # ~13 KB of weights: several 1 KiB chunks per range
+CHUNK = 1 << 10
+
+
+def assert_same_weights(trainer, evaluator) -> None:
+    train_sd = trainer.get_trainable_parameters()
+    eval_sd = evaluator.get_trainable_parameters()
+    for module, params in train_sd.items():
+        for name, tensor in params.items():
+            assert torch.equal(eval_sd[module][name], tensor), f"{module}.{name} differs"
+
+
+@pytest.mark.parametrize("strategy", ["None", "Double", "Shared", "Sharded"])
+def test_train_and_eval_fingerprints_match_after_a_sync(strategy: str, shm_dir: Path) -> None:
+    trainer = tiny_policy("train", hidden=HIDDEN)
+    trainer.init_train()
+    rank0 = WeightPublisher(
+        PublisherConfig(shm_dir=shm_dir / "rank0", listen="127.0.0.1:0", incarnation="job-a")
+    ).connect()
+    rank1 = WeightPublisher(
+        PublisherConfig(shm_dir=shm_dir / "rank1", listen="127.0.0.1:0", incarnation="job-a")
+    ).connect()
+    rank0.config = PublisherConfig(**{**rank0.config.__dict__, "peers": (rank1.address,)})
+    evaluators, planes = [], []
+    try:
+        for i in range(2):
+            policy = tiny_policy("eval", strategy=strategy, hidden=HIDDEN, seed=100 + i)
+            plane = EvalWeightPlane(
+                EvalPlaneConfig(
+                    strategy, shm_dir / "node", rank0.address, f"eval-{i}", streams=3, chunk_bytes=CHUNK
+                )
+            )
+            plane.attach(policy)
+            policy.init_eval()
+            plane.start(policy)
+            evaluators.append(policy)
+            planes.append(plane)
+        for _ in range(3):
+            trainer.train()
+            state = trainer.get_trainable_parameters()
+            rank1.send(state)
+            version = rank0.send(state, fingerprint=trainer.get_param_fingerprint())
+            for policy, plane in zip(evaluators, planes, strict=True):
+                assert plane.sync(policy, min_version=version, timeout=30) == ("job-a", version)
+                assert_same_weights(trainer, policy)
+                policy._rollout(observation())  # the swapped-in weights are usable
+            report = verify_eval_weight_consistency(
+                trainer.get_param_fingerprint(),
+                {
+                    p.config.worker_id: p.loaded_report(e).fingerprint
+                    for p, e in zip(planes, evaluators, strict=True)
+                },
+            )
+            assert report.consistent, report.summary()
+        total = rank0.latest().total_bytes
+        served = rank0.board.stats.bytes + rank1.board.stats.bytes
+        readers_per_fetch = {"None": 1, "Double": 1, "Shared": 2, "Sharded": 2}[strategy]
+        assert served == 3 * total * len(evaluators) // readers_per_fetch
+        if strategy == "Sharded":
+            assert rank1.board.stats.bytes > 0  # ranges really came from the peer rank
+        else:
+            assert rank1.board.stats.bytes == 0
+    finally:
+        for policy in evaluators:
+            policy.close()
+        for plane in planes:
+            plane.close()
+        rank0.close()
+        rank1.close()
+
+
+def test_eval_policies_on_the_trainers_node_read_its_buffer_without_any_fetch(shm_dir: Path) -> None:
+    trainer = tiny_policy("train")
+    trainer.init_train()
+    with WeightPublisher(PublisherConfig(shm_dir=shm_dir, listen="127.0.0.1:0")) as publisher:
+        policy = tiny_policy("eval", strategy="Shared", seed=5)
+        plane = EvalWeightPlane(EvalPlaneConfig("Shared", shm_dir, publisher.address, "eval-0"))
+        plane.attach(policy)
+        policy.init_eval()
+        plane.start(policy)
+        try:
+            for _ in range(3):
+                trainer.train()
+                version = publisher.send(trainer.get_trainable_parameters())
+                assert plane.sync(policy, min_version=version, timeout=30)[1] == version
+                assert_same_weights(trainer, policy)
+            assert publisher.board.stats.fetches == 0
+            assert not plane.receiver.elected  # the trainer is this directory's writer
+        finally:
+            policy.close()
+            plane.close()
