@@ -93,9 +93,14 @@ class RunSummary:
     engine: str = "in-process"
     already_complete: bool = False  # a restart found the completion marker and trained nothing
     paths: dict[str, str] = field(default_factory=dict)
+    #: versions whose eval-side fingerprints were compared with the trainer's (all must match)
+    fingerprint_checks: int = 0
+    #: engine-specific figures (weight wait fraction, staleness, ...), written at the top level
+    details: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data.update(data.pop("details"))
         for key in ("final_return", "eval_return"):
             if isinstance(data[key], float) and not math.isfinite(data[key]):
                 data[key] = None

@@ -4,9 +4,10 @@ I/O: reads the job, writes the run directory, prints. Exit codes: 0 done (or alr
 2 the job is invalid (bad field, unknown policy or env, a module that does not import; nothing
 has started), 1 the run failed, 130 interrupted.
 
-Everything that can be refused is checked before the run directory is created. Today the job
-runs in this process (``InProcessEngine``); the local multi-process cluster replaces
-:func:`_runner`'s default and keeps ``--in-process`` for this path.
+Everything that can be refused is checked before the run directory is created. By default the
+job runs as a local cluster (``rlkube.launch.cluster_run``: train ranks and eval workers as
+processes with the pod env contract); ``--in-process`` runs both roles in this process
+(``InProcessEngine``), which is the quickest way to debug a policy.
 """
 
 from __future__ import annotations
@@ -74,10 +75,17 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _runner(args: argparse.Namespace) -> Callable[[RLJob, type[BasePolicy], argparse.Namespace], int]:
-    """How the job runs: in this process (the only launcher so far; ``--in-process`` keeps it later)."""
-    if not args.in_process and getattr(args, "nodes", 1) > 1:
-        logger.info("--nodes is used by the multi-process launcher; running in this process")
-    return run_in_process
+    """How the job runs: a local cluster of processes (default), or one process (``--in-process``)."""
+    return run_in_process if args.in_process else run_local
+
+
+def run_local(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Namespace) -> int:
+    from rlkube.launch.cluster_run import run_local_cluster
+
+    if args.nodes < 1:
+        print(f"rlkube: --nodes must be at least 1, got {args.nodes}", file=sys.stderr)
+        return EXIT_INVALID
+    return run_local_cluster(job, args)
 
 
 def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Namespace) -> int:

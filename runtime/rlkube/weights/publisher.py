@@ -151,4 +151,3 @@ class WeightPublisher:
             1e3 * (time.perf_counter() - started),
         )
         return number
-

@@ -1,0 +1,264 @@
+"""The PolicyGroup gRPC service on train rank 0 (and WeightStore beside it on the same port).
+
+I/O (gRPC server threads). Each RPC is a thin translation to :class:`~rlkube.coordinator.state.Coordinator`;
+bad input (a malformed fragment, an unknown worker) is answered with a gRPC status naming the
+problem and never disturbs the server. A reaper thread expires silent workers once a second, so
+a vanished worker's leased fragments go to the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+
+import grpc
+
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.coordinator.state import STOP, Coordinator, NotRegistered, ShardGone
+from rlkube.coordinator.tasks import TaskKind, TaskSpec
+from rlkube.coordinator.wire import batch_to_proto, fragment_from_proto
+from rlkube.data.wire import WireError
+from rlkube.weights.consistency import WorkerLoad
+from rlkube.weights.wire import SERVER_OPTIONS
+
+logger = logging.getLogger(__name__)
+
+#: The longest a long poll (LeaseTask, PullShard) may be held, whatever the client asks.
+MAX_POLL_SECONDS = 30.0
+
+
+def task_to_proto(task: TaskSpec | str | None) -> pb.Task:
+    if task is None:
+        return pb.Task(kind=pb.Task.NONE, retry_after=0.2)
+    if task == STOP:
+        return pb.Task(kind=pb.Task.STOP)
+    assert isinstance(task, TaskSpec)
+    kind = pb.Task.EVALUATE if task.kind is TaskKind.EVALUATE else pb.Task.COLLECT
+    return pb.Task(
+        kind=kind,
+        task_id=task.task_id,
+        epoch=task.epoch,
+        min_version=task.min_version,
+        steps=task.steps,
+        episodes=task.episodes,
+    )
+
+
+class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
+        if request.role and request.role != "eval":
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"role {request.role!r}: only eval workers register"
+            )
+        worker = self.coordinator.register(
+            pod_name=request.pod_name,
+            node_name=request.node_name,
+            replica_index=request.replica_index,
+            num_envs=request.num_envs,
+        )
+        logger.info("eval worker %s joined (node %s)", worker.worker_id, worker.node_name)
+        return pb.RegisterResponse(
+            worker_id=worker.worker_id,
+            lease_seconds=self.coordinator.lease_seconds,
+            incarnation=self.coordinator.incarnation,
+            run_id=self.coordinator.run_id,
+            latest=pb.WeightVersion(
+                version=self.coordinator.published_version, incarnation=self.coordinator.incarnation
+            ),
+        )
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        known = self.coordinator.heartbeat(request.worker_id)
+        return pb.HeartbeatResponse(known=known, finished=self.coordinator.snapshot.finished)
+
+    def Deregister(
+        self, request: pb.DeregisterRequest, context: grpc.ServicerContext
+    ) -> pb.DeregisterResponse:
+        self.coordinator.deregister(request.worker_id, reason=request.reason)
+        logger.info("eval worker %s left (%s)", request.worker_id, request.reason or "deregistered")
+        return pb.DeregisterResponse()
+
+    def ReportLoaded(
+        self, request: pb.ReportLoadedRequest, context: grpc.ServicerContext
+    ) -> pb.ReportLoadedResponse:
+        consistent, detail = self.coordinator.report_loaded(
+            WorkerLoad(
+                worker_id=request.worker_id,
+                node_name=request.node_name,
+                incarnation=request.incarnation,
+                version=request.version,
+                fingerprint=dict(request.fingerprint),
+                load_seconds=request.load_seconds,
+                blocked_seconds=request.blocked_seconds,
+            )
+        )
+        if not consistent:
+            logger.warning(
+                "eval worker %s loaded version %d inconsistently: %s",
+                request.worker_id,
+                request.version,
+                detail,
+            )
+        return pb.ReportLoadedResponse(consistent=consistent, detail=detail)
+
+    def LeaseTask(self, request: pb.LeaseTaskRequest, context: grpc.ServicerContext) -> pb.Task:
+        wait = min(max(request.wait_seconds, 0.0), MAX_POLL_SECONDS, _time_left(context))
+        try:
+            return task_to_proto(self.coordinator.lease(request.worker_id, wait_seconds=wait))
+        except NotRegistered:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered")
+
+    def PushFragment(self, request: pb.Fragment, context: grpc.ServicerContext) -> pb.PushAck:
+        fragment = None
+        if request.batch.tensors:
+            try:
+                fragment = fragment_from_proto(request)
+            except (WireError, ValueError) as exc:
+                return pb.PushAck(accepted=False, reason=f"malformed fragment {request.task_id}: {exc}")
+        outcome = self.coordinator.push(
+            task_id=request.task_id,
+            worker_id=request.worker_id,
+            fragment=fragment,
+            episode_returns=tuple(request.episodes.returns),
+            episode_lengths=tuple(request.episodes.lengths),
+            rollout_seconds=request.rollout_seconds,
+            weight_wait_seconds=request.weight_wait_seconds,
+        )
+        return pb.PushAck(
+            accepted=outcome.accepted,
+            duplicate=outcome.duplicate,
+            reason=outcome.reason,
+            fragments_acked=self.coordinator.progress.fragments,
+        )
+
+    def PullShard(self, request: pb.PullShardRequest, context: grpc.ServicerContext) -> Iterator[pb.Fragment]:
+        wait = min(max(request.wait_seconds, 0.0), MAX_POLL_SECONDS, _time_left(context))
+        try:
+            shard = self.coordinator.pull_shard(
+                serial=request.epoch, rank=request.rank, world_size=request.world_size, wait_seconds=wait
+            )
+        except (ValueError, ShardGone) as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if shard is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"step {request.epoch} is not ready yet")
+        yield pb.Fragment(epoch=request.epoch, batch=batch_to_proto(shard))
+
+    def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        return job_status(self.coordinator)
+
+
+def _time_left(context: grpc.ServicerContext) -> float:
+    remaining = context.time_remaining()
+    return MAX_POLL_SECONDS if remaining is None else max(0.0, remaining - 0.5)
+
+
+def job_status(coordinator: Coordinator) -> pb.JobStatus:
+    """GetStatus's answer from the coordinator's view of the job."""
+    snap = coordinator.snapshot
+    now = coordinator.clock()
+    published = coordinator.published_version
+    loads = {w.worker_id: w for w in coordinator.loads.workers()}
+    members = coordinator.members.workers()
+    nodes = [
+        pb.NodeWeights(node_name=node, version=version, lag=max(0, published - version), workers=count)
+        for node, (version, count) in sorted(coordinator.loads.node_versions().items())
+    ]
+    workers = [
+        pb.WorkerStatus(
+            worker_id=w.worker_id,
+            pod_name=w.pod_name,
+            node_name=w.node_name,
+            loaded_version=loads[w.worker_id].version if w.worker_id in loads else 0,
+            last_seen=now - w.last_seen,
+        )
+        for w in members
+    ]
+    status = pb.JobStatus(
+        phase=snap.phase,
+        epoch=snap.epoch,
+        max_epochs=snap.max_epochs,
+        env_steps=max(snap.env_steps, coordinator.progress.env_steps),
+        episodes=snap.episodes,
+        weight_version=published,
+        last_sync_time=snap.last_sync_time,
+        nodes=nodes,
+        workers=workers,
+        train_ranks=snap.train_ranks,
+        eval_workers=len(members),
+        steps_per_second=coordinator.progress.steps_per_second(now=now),
+        finished=snap.finished,
+        message=snap.message,
+        fingerprints_consistent=snap.fingerprints_consistent,
+        incarnation=coordinator.incarnation,
+        dropped_stale=coordinator.progress.dropped_stale,
+    )
+    if snap.last_return is not None:
+        status.last_return = snap.last_return
+    if snap.eval_return is not None:
+        status.eval_return = snap.eval_return
+    return status
+
+
+class CoordinatorServer:
+    """The gRPC server of rank 0: PolicyGroup, plus any extra handlers (the WeightStore)."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        address: str,
+        extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
+        max_workers: int = 64,
+    ) -> None:
+        self.coordinator = coordinator
+        self.address = address
+        self.extra_handlers = tuple(extra_handlers)
+        self.max_workers = max_workers
+        self.port = 0
+        self._server: grpc.Server | None = None
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def start(self) -> CoordinatorServer:
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="policy-group"),
+            options=list(SERVER_OPTIONS),
+        )
+        pb_grpc.add_PolicyGroupServicer_to_server(PolicyGroupServicer(self.coordinator), server)
+        if self.extra_handlers:
+            server.add_generic_rpc_handlers(self.extra_handlers)
+        self.port = server.add_insecure_port(self.address)
+        if self.port == 0:
+            raise OSError(f"the coordinator cannot listen on {self.address}")
+        server.start()
+        self._server = server
+        self._reaper = threading.Thread(target=self._reap, name="coordinator-reaper", daemon=True)
+        self._reaper.start()
+        return self
+
+    def _reap(self) -> None:
+        while not self._stop.wait(1.0):
+            for departure in self.coordinator.expire():
+                logger.warning(
+                    "eval worker %s expired (%s); its work is reassigned",
+                    departure.worker_id,
+                    departure.reason,
+                )
+
+    def stop(self, grace: float = 2.0) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+
+    def __enter__(self) -> CoordinatorServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,311 @@
+"""The PolicyGroup coordinator's state, shared by the gRPC servicer and the engine on train rank 0.
+
+No network I/O: the servicer (``coordinator.service``) turns RPCs into calls here, and the
+engine calls the engine-facing half directly (rank 0 hosts both). One condition variable guards
+membership, the work board and the shard hand-out; long polls (``lease``, ``pull_shard``) wait
+on it with the deadline the caller gives. Trajectories are kept in ``rlkube.data``'s
+RolloutBuffer; the work board decides which pushes are accepted (the first of each task).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tensordict import TensorDict
+
+from rlkube.coordinator.membership import Departure, Membership, Worker
+from rlkube.coordinator.progress import Progress
+from rlkube.coordinator.tasks import AckResult, TaskBoard, TaskKind, TaskSpec
+from rlkube.data.fragment import Fragment
+from rlkube.data.rollout_buffer import AddResult, EpochBatch, RolloutBuffer
+from rlkube.spec import RLJob
+from rlkube.weights.consistency import LoadTracker, WorkerLoad
+
+#: Returned by ``lease`` when the job is over: the worker drains and exits (or idles in a pod).
+STOP = "stop"
+
+
+class NotRegistered(LookupError):
+    """The worker id is unknown (expired, replaced, or registered with a previous coordinator)."""
+
+
+class ShardGone(LookupError):
+    """A train rank asked for an epoch whose batch has been replaced (it fell behind)."""
+
+
+@dataclass
+class EngineSnapshot:
+    """What the engine on rank 0 last reported (status fields the coordinator cannot see itself)."""
+
+    phase: str = "Starting"
+    epoch: int = 0
+    max_epochs: int = 0
+    env_steps: int = 0  # counted at epoch ends; live steps of the open epoch are added on top
+    weight_version: int = 0
+    last_return: float | None = None
+    episodes: int = 0
+    eval_return: float | None = None
+    fingerprints_consistent: bool = True
+    last_sync_time: float = 0.0
+    message: str = ""
+    finished: bool = False
+    train_ranks: int = 1
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    accepted: bool
+    duplicate: bool = False
+    reason: str = ""
+
+
+@dataclass
+class Coordinator:
+    """Membership, work, trajectories, weight loads and progress of one job (see the module docstring)."""
+
+    job: RLJob
+    world_size: int = 1
+    lease_seconds: float = 15.0
+    clock: Callable[[], float] = time.monotonic
+    incarnation: str = field(default_factory=lambda: secrets.token_hex(8))
+    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def __post_init__(self) -> None:
+        spec = self.job.spec
+        per_epoch = spec.fragments_per_epoch()
+        self.fragments_per_epoch = per_epoch
+        self.members = Membership(lease_seconds=self.lease_seconds)
+        self.board = TaskBoard(fragment_length=spec.train.fragment_length)
+        self.buffer = RolloutBuffer(
+            fragments_per_epoch=per_epoch, capacity=max(spec.buffer.capacity, per_epoch)
+        )
+        self.loads = LoadTracker()
+        self.progress = Progress()
+        self.snapshot = EngineSnapshot(max_epochs=spec.train.max_epochs, train_ranks=self.world_size)
+        self._cond = threading.Condition()
+        self._shard_batch: EpochBatch | None = None
+        self._shard_serial = -1  # which engine step the batch belongs to
+        self._evaluations: dict[str, tuple[tuple[float, ...], tuple[int, ...]]] = {}
+        self._published_version = 0
+        self._version_checks: dict[int, list[bool]] = {}  # version -> each worker's fingerprint verdict
+
+    # ================================================================= worker-facing (RPCs)
+    def register(self, *, pod_name: str, node_name: str, replica_index: int, num_envs: int) -> Worker:
+        with self._cond:
+            worker, replaced = self.members.register(
+                pod_name=pod_name,
+                node_name=node_name,
+                replica_index=replica_index,
+                num_envs=num_envs,
+                now=self.clock(),
+            )
+            self._forget(replaced)
+            self.loads.register(worker.worker_id, node_name)
+            self._cond.notify_all()
+            return worker
+
+    def heartbeat(self, worker_id: str) -> bool:
+        """True when the worker is known (False: it must register again)."""
+        with self._cond:
+            return self.members.touch(worker_id, now=self.clock()) is not None
+
+    def deregister(self, worker_id: str, *, reason: str) -> None:
+        with self._cond:
+            departure = self.members.deregister(worker_id, reason=reason)
+            if departure is not None:
+                self._forget([departure])
+            self._cond.notify_all()
+
+    def expire(self) -> list[Departure]:
+        """Drop workers whose lease ran out and hand their work to others; call about once a second."""
+        with self._cond:
+            gone = self.members.expire(now=self.clock())
+            if gone:
+                self._forget(gone)
+                self._cond.notify_all()
+            return gone
+
+    def _forget(self, departures: list[Departure]) -> None:
+        for departure in departures:
+            self.board.release_worker(departure.worker_id)
+            self.loads.forget(departure.worker_id)
+
+    def lease(self, worker_id: str, *, wait_seconds: float) -> TaskSpec | str | None:
+        """The worker's next task, :data:`STOP` when the job is over, or None after ``wait_seconds``."""
+        deadline = self.clock() + max(0.0, wait_seconds)
+        with self._cond:
+            while True:
+                if self.snapshot.finished:
+                    return STOP
+                if self.members.touch(worker_id, now=self.clock()) is None:
+                    raise NotRegistered(worker_id)
+                task = self.board.lease(worker_id)
+                if task is not None:
+                    return task
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(min(remaining, 1.0))
+
+    def push(
+        self,
+        *,
+        task_id: str,
+        worker_id: str,
+        fragment: Fragment | None,
+        episode_returns: tuple[float, ...] = (),
+        episode_lengths: tuple[int, ...] = (),
+        rollout_seconds: float = 0.0,
+        weight_wait_seconds: float = 0.0,
+    ) -> PushOutcome:
+        """Accept the first push of a task; later pushes of it are duplicates, counted nowhere."""
+        with self._cond:
+            self.members.touch(worker_id, now=self.clock())
+            result, task = self.board.ack(task_id)
+            if result is AckResult.DUPLICATE:
+                self.progress.duplicates += 1
+                return PushOutcome(accepted=True, duplicate=True)
+            if result is AckResult.UNKNOWN or task is None:
+                return PushOutcome(accepted=False, reason=f"task {task_id} is not open (an earlier epoch?)")
+            if task.kind is TaskKind.EVALUATE:
+                self._evaluations[task_id] = (episode_returns, episode_lengths)
+            else:
+                if fragment is None:
+                    return PushOutcome(accepted=False, reason=f"task {task_id} needs a trajectory batch")
+                added = self.buffer.add(task_id, fragment)
+                if added is AddResult.FULL:  # cannot happen while the board bounds the work; be safe
+                    self.board.release_worker(worker_id)
+                    return PushOutcome(accepted=False, reason="trajectory buffer is full; retry")
+                self.progress.record_fragment(
+                    env_steps=fragment.env_steps,
+                    episodes=len(fragment.episode_returns),
+                    now=self.clock(),
+                    rollout_seconds=rollout_seconds,
+                    weight_wait_seconds=weight_wait_seconds,
+                )
+                worker = self.members.get(worker_id)
+                if worker is not None:
+                    worker.fragments_pushed += 1
+                    worker.env_steps += fragment.env_steps
+            self._cond.notify_all()
+            return PushOutcome(accepted=True)
+
+    def report_loaded(self, load: WorkerLoad) -> tuple[bool, str]:
+        with self._cond:
+            self.members.touch(load.worker_id, now=self.clock())
+        consistent, detail = self.loads.report(load, now=self.clock())
+        with self._cond:
+            self._version_checks.setdefault(load.version, []).append(consistent)
+            for old in sorted(self._version_checks)[:-64]:
+                del self._version_checks[old]
+        return consistent, detail
+
+    def version_consistency(self, version: int) -> bool | None:
+        """Whether every report of ``version`` matched the trainer's fingerprint; None without reports."""
+        with self._cond:
+            verdicts = self._version_checks.get(version)
+            return None if not verdicts else all(verdicts)
+
+    def pull_shard(
+        self, *, serial: int, rank: int, world_size: int, wait_seconds: float
+    ) -> TensorDict | None:
+        """Rank ``rank``'s share of engine step ``serial``; None if it is not ready in ``wait_seconds``."""
+        if world_size != self.world_size:
+            raise ValueError(f"world size {world_size} differs from the coordinator's {self.world_size}")
+        deadline = self.clock() + max(0.0, wait_seconds)
+        with self._cond:
+            while self._shard_serial < serial:
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(min(remaining, 1.0))
+            if self._shard_serial > serial or self._shard_batch is None:
+                raise ShardGone(f"step {serial} was replaced by step {self._shard_serial}")
+            return self._shard_batch.shard(rank, world_size)
+
+    # ================================================================= engine-facing (rank 0)
+    def open_epoch(self, *, epoch: int, version: int) -> None:
+        with self._cond:
+            self.board.open_epoch(epoch=epoch, version=version, fragments=self.fragments_per_epoch)
+            self._cond.notify_all()
+
+    def open_stream(self, *, min_version: int) -> None:
+        with self._cond:
+            self.board.open_stream(capacity=self.buffer.capacity, min_version=min_version)
+            self._cond.notify_all()
+
+    def set_min_version(self, version: int) -> None:
+        with self._cond:
+            self.board.set_stream_min_version(version)
+            self._cond.notify_all()
+
+    def wait_batch(self, *, timeout: float) -> EpochBatch | None:
+        """One epoch's worth of fragments, or None if they are not in within ``timeout``."""
+        if not self.buffer.wait_ready(timeout=timeout):
+            return None
+        batch = self.buffer.take_epoch()
+        with self._cond:
+            self.board.consumed(len(batch.fragments))
+            self._cond.notify_all()
+        return batch
+
+    def offer_shards(self, batch: EpochBatch, *, serial: int) -> TensorDict:
+        """Make ``batch`` the one ranks pull for step ``serial``; returns rank 0's own share."""
+        with self._cond:
+            self._shard_batch = batch
+            self._shard_serial = serial
+            self._cond.notify_all()
+        return batch.shard(0, self.world_size)
+
+    def evaluate(
+        self, *, epoch: int, version: int, episodes: int, timeout: float
+    ) -> tuple[float, ...] | None:
+        """Have one eval worker play ``episodes`` greedy episodes; their returns, or None on timeout."""
+        with self._cond:
+            task_id = self.board.add_evaluation(epoch=epoch, version=version, episodes=episodes)
+            self._cond.notify_all()
+            deadline = self.clock() + timeout
+            while task_id not in self._evaluations:
+                remaining = deadline - self.clock()
+                if remaining <= 0 or self.snapshot.finished:
+                    return None
+                self._cond.wait(min(remaining, 1.0))
+            returns, _ = self._evaluations.pop(task_id)
+            return returns
+
+    def published(self, *, version: int, fingerprint: dict[str, float] | None, incarnation: str) -> None:
+        with self._cond:
+            self._published_version = version
+            self.snapshot.weight_version = version
+            self.snapshot.last_sync_time = time.time()
+        self.loads.published(incarnation, version, fingerprint)
+
+    def update(self, **fields: object) -> None:
+        """Engine progress for GetStatus (fields of :class:`EngineSnapshot`)."""
+        with self._cond:
+            for name, value in fields.items():
+                if not hasattr(self.snapshot, name):
+                    raise AttributeError(f"EngineSnapshot has no field {name!r}")
+                setattr(self.snapshot, name, value)
+            self._cond.notify_all()
+
+    def finish(self, *, phase: str = "Complete", message: str = "") -> None:
+        """The job is over: leases answer STOP, the board is closed."""
+        with self._cond:
+            self.snapshot.finished = True
+            self.snapshot.phase = phase
+            self.snapshot.message = message
+            self.board.close()
+            self._cond.notify_all()
+
+    def live_workers(self) -> int:
+        with self._cond:
+            return len(self.members)
+
+    @property
+    def published_version(self) -> int:
+        return self._published_version

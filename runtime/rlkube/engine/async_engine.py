@@ -1,0 +1,97 @@
+"""The async engine (RLightning's AsyncRLEngine, over pods): rollouts never wait for training.
+
+I/O (runs on train rank 0). Eval workers collect continuously with whatever version they hold;
+the coordinator mints work while fewer than ``buffer.capacity`` fragments are in flight or
+waiting (back-pressure). Each step trains on the next ``fragments_per_epoch`` fragments. The
+bound ``train.maxStaleness`` holds twice: new work requires a version no older than
+``v - maxStaleness``, and a fragment that is nevertheless older when its turn comes (it was
+collected while v advanced) is dropped and counted, never trained on. The lag of every trained
+fragment is recorded; the summary reports the distribution.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rlkube.data.rollout_buffer import EpochBatch
+from rlkube.engine.report import RunSummary
+from rlkube.engine.trainer import RankZeroEngine, Stopped
+
+logger = logging.getLogger(__name__)
+
+
+def split_by_staleness(
+    batch: EpochBatch, *, version: int, max_staleness: int
+) -> tuple[EpochBatch, list[int], int]:
+    """(the fragments within the bound, their lags, how many were dropped). Pure."""
+    keep, lags = [], []
+    for task_id, fragment in zip(batch.task_ids, batch.fragments, strict=True):
+        lag = version - fragment.weight_version
+        if lag <= max_staleness:
+            keep.append((task_id, fragment))
+            lags.append(lag)
+    kept = EpochBatch(
+        epoch=batch.epoch,
+        task_ids=tuple(t for t, _ in keep),
+        fragments=tuple(f for _, f in keep),
+    )
+    return kept, lags, len(batch.fragments) - len(keep)
+
+
+class AsyncEngine(RankZeroEngine):
+    def run(self) -> RunSummary:
+        train = self.spec.train
+        bound = train.max_staleness
+        progress = self.restore()
+        tracker = self.tracker(progress)
+        version = progress.weight_version
+        self.publish(version)
+        self.coordinator.open_stream(min_version=max(0, version - bound))
+        live = self.coordinator.progress
+        stop_reason = "target_return" if tracker.target_reached else "max_epochs"
+        try:
+            while stop_reason == "max_epochs" and tracker.epoch < train.max_epochs:
+                self.coordinator.update(phase="Running", epoch=tracker.epoch)
+                batch = self.wait_batch(f"step {tracker.epoch + 1}")
+                kept, lags, dropped = split_by_staleness(batch, version=version, max_staleness=bound)
+                live.dropped_stale += dropped
+                if dropped:
+                    logger.info("dropped %d fragments older than v%d - %d", dropped, version, bound)
+                if kept.rows < self.ctx.world_size:
+                    continue
+                live.record_trained(lags)
+                consistent = self.check_fingerprints(version)
+                shard = self.offer(kept)
+                self.fragments_trained += len(kept.fragments)
+                version += 1
+                metrics = self.train_on(shard, version=version)
+                self.coordinator.set_min_version(version - bound)
+                due = train.eval_interval and (tracker.epoch + 1) % train.eval_interval == 0
+                eval_return = self.evaluate(epoch=tracker.epoch + 1, version=version) if due else None
+                record = tracker.epoch_done(
+                    env_steps=kept.env_steps,
+                    weight_version=version,
+                    episode_returns=kept.episode_returns,
+                    episode_lengths=kept.episode_lengths,
+                    metrics={**metrics, "charts/max_lag": float(max(lags))},
+                    fingerprints_consistent=consistent,
+                    eval_return=eval_return,
+                    now=self.ctx.clock(),
+                )
+                self.epoch_done(tracker, record)
+                if tracker.target_reached:
+                    stop_reason = "target_return"
+        except Stopped:
+            logger.info("stopping at step %d (SIGTERM); saving a checkpoint", tracker.epoch)
+            self.save(tracker)
+            raise
+        details = {
+            "max_staleness": bound,
+            "lag_distribution": {str(k): v for k, v in live.lag_distribution().items()},
+            "dropped_stale": live.dropped_stale,
+            "fragments_acknowledged": live.fragments,
+            "fragments_trained": self.fragments_trained,
+            "weight_wait_fraction": round(live.weight_wait_fraction(), 4),
+            "duplicate_pushes": live.duplicates,
+        }
+        return self.finish(tracker, stop_reason=stop_reason, details=details)

@@ -1,0 +1,40 @@
+"""The eval engine (RLightning's EvaluationEngine, over pods): no training, score a saved policy.
+
+I/O (runs on train rank 0). The policy at ``spec.checkpoint.path`` is published as version 1;
+eval workers load it and play ``train.evalEpisodes`` greedy episodes between them; the summary
+reports their mean return.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rlkube.engine.checkpoint import POLICY_FILE, TrainerProgress
+from rlkube.engine.report import RunSummary
+from rlkube.engine.trainer import RankZeroEngine
+
+logger = logging.getLogger(__name__)
+
+
+class EvalEngine(RankZeroEngine):
+    #: Evaluations wait this long for eval workers (they may still be starting).
+    EVALUATION_TIMEOUT = 900.0
+
+    def run(self) -> RunSummary:
+        path = self.spec.checkpoint.path
+        assert path is not None  # the spec's cross-field rule
+        target = Path(path) / POLICY_FILE if Path(path).is_dir() else Path(path)
+        self.ctx.policy.load_checkpoint(str(target))
+        self.ctx.channel.share_state(self.ctx.policy, None)
+        tracker = self.tracker(TrainerProgress())
+        self.publish(1)
+        self.coordinator.update(phase="Running", message=f"evaluating {target}")
+        mean = self.evaluate(epoch=0, version=1)
+        if mean is None:
+            raise RuntimeError(f"no eval worker evaluated {target} within {self.EVALUATION_TIMEOUT:.0f} s")
+        tracker.record_evaluation(mean)
+        self.check_fingerprints(1)
+        return self.finish(
+            tracker, stop_reason="evaluated", details={"evaluated": str(target), "final_return": mean}
+        )

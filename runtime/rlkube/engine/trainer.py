@@ -1,0 +1,273 @@
+"""What every distributed engine on the train ranks shares: one training step, publishing, checkpoints.
+
+I/O. A :class:`TrainContext` is one train rank's world: its TRAIN policy (DDP-wrapped when there
+are several ranks), the command channel, its weight publisher, the run directory, and on rank 0
+the coordinator. Rank 0 runs an engine (:mod:`~rlkube.engine.sync_engine`,
+:mod:`~rlkube.engine.async_engine`, :mod:`~rlkube.engine.eval_engine`) built on
+:class:`RankZeroEngine`; every other rank runs :func:`follow`: wait for a command, pull its
+shard, train (DDP all-reduces the gradients), publish its copy when the strategy is Sharded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensordict import TensorDict
+
+from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.coordinator.state import Coordinator
+from rlkube.coordinator.wire import batch_from_proto
+from rlkube.data.replay_buffer import ReplayBuffer
+from rlkube.engine.checkpoint import CheckpointStore, TrainerProgress
+from rlkube.engine.ranks import Command, Op, RankChannel
+from rlkube.engine.report import EpochRecord, RunObserver, RunSummary, notify
+from rlkube.engine.run_paths import RunPaths
+from rlkube.engine.tracker import RunTracker
+from rlkube.policy.base import BasePolicy
+from rlkube.spec import BufferType, Engine, RLJob, WeightStrategy
+from rlkube.weights.publisher import WeightPublisher
+
+logger = logging.getLogger(__name__)
+
+
+class Stopped(Exception):
+    """The process was asked to stop (SIGTERM) while the engine waited."""
+
+
+@dataclass
+class TrainContext:
+    job: RLJob
+    policy: BasePolicy
+    channel: RankChannel
+    paths: RunPaths
+    publisher: WeightPublisher | None  # rank 0 always; other ranks for Sharded
+    coordinator: Coordinator | None = None  # rank 0
+    client: PolicyGroupClient | None = None  # other ranks: pulls shards from rank 0
+    observers: Sequence[RunObserver] = ()
+    stop: threading.Event = field(default_factory=threading.Event)
+    clock: Callable[[], float] = time.monotonic
+    #: buffer.type replay: this rank's own ring of transitions (each rank samples its share)
+    replay: ReplayBuffer | None = None
+
+    def __post_init__(self) -> None:
+        spec = self.job.spec
+        if spec.buffer.type is BufferType.REPLAY and self.replay is None:
+            self.replay = ReplayBuffer(spec.buffer.capacity, seed=spec.train.seed + self.rank)
+
+    @property
+    def rank(self) -> int:
+        return self.channel.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.channel.world_size
+
+    @property
+    def sharded(self) -> bool:
+        return self.job.spec.policy.weight_buffer.strategy is WeightStrategy.SHARDED
+
+
+def train_step(ctx: TrainContext, shard: TensorDict) -> dict[str, float]:
+    """``update_dataset`` + ``train`` on this rank's shard; the figures it returned or logged.
+
+    On-policy the policy gets the shard's ``[rows, T]`` fragments; with a replay buffer it gets
+    this rank's share of ``stepsPerEpoch`` transitions sampled from its ring.
+    """
+    policy = ctx.policy
+    if ctx.replay is not None:
+        ctx.replay.extend(shard)
+        shard = ctx.replay.sample(ctx.job.spec.train.steps_per_epoch // ctx.world_size)
+    policy.update_dataset(shard)
+    returned = policy.train()
+    numbers: dict[str, float] = {}
+    if isinstance(returned, dict):
+        for key, value in returned.items():
+            try:
+                numbers[str(key)] = float(value)
+            except (TypeError, ValueError):
+                continue
+    return {**numbers, **policy.pop_metrics()}
+
+
+def publish_followers(ctx: TrainContext, version: int) -> None:
+    """Every rank but 0: commit this rank's copy of ``version`` (Sharded), then meet rank 0."""
+    if ctx.sharded and ctx.publisher is not None:
+        ctx.publisher.send(ctx.policy.get_trainable_parameters(), version=version)
+    if ctx.sharded:
+        ctx.channel.barrier()
+
+
+def follow(ctx: TrainContext) -> None:
+    """Ranks > 0: take rank 0's (restored) state, then train on every step it commands, until stop."""
+    assert ctx.client is not None
+    ctx.channel.share_state(ctx.policy, None)  # the counterpart of every engine's first collective
+    while True:
+        command = ctx.channel.receive()
+        if command.op is Op.STOP:
+            return
+        shard = pull_shard(ctx, command)
+        train_step(ctx, shard)
+        publish_followers(ctx, command.version)
+
+
+def pull_shard(ctx: TrainContext, command: Command) -> TensorDict:
+    assert ctx.client is not None
+    while True:
+        try:
+            message = ctx.client.pull_shard(
+                serial=command.serial, rank=ctx.rank, world_size=ctx.world_size, wait_seconds=20.0
+            )
+            return batch_from_proto(message.batch).clone()
+        except CoordinatorError as exc:
+            if exc.code is not None and exc.code.name == "UNAVAILABLE" and not ctx.stop.is_set():
+                continue
+            raise
+
+
+class RankZeroEngine:
+    """The parts of rank 0's loop every engine shares (see the module docstring)."""
+
+    #: How long an evaluation may wait for an eval worker before it is skipped.
+    EVALUATION_TIMEOUT = 120.0
+
+    def __init__(self, ctx: TrainContext) -> None:
+        assert ctx.coordinator is not None
+        assert ctx.publisher is not None
+        self.ctx = ctx
+        self.spec = ctx.job.spec
+        self.coordinator = ctx.coordinator
+        self.publisher = ctx.publisher
+        self.store = CheckpointStore(ctx.paths.checkpoints, keep=self.spec.checkpoint.keep)
+        self.serial = 0
+        self.fragments_trained = 0
+        self.fingerprint_checks: list[tuple[int, bool]] = []  # (version, every report consistent)
+
+    # ------------------------------------------------------------------ steps
+    def train_on(self, shard: TensorDict, *, version: int) -> dict[str, float]:
+        """One synchronous step on every rank: command, train, publish ``version``."""
+        self.ctx.channel.send(Command(Op.TRAIN, self.serial, version))
+        metrics = train_step(self.ctx, shard)
+        self.publish(version)
+        self.serial += 1
+        return metrics
+
+    def offer(self, batch: Any) -> TensorDict:
+        """Hand ``batch`` to the ranks for the coming step; rank 0's own share."""
+        return self.coordinator.offer_shards(batch, serial=self.serial)
+
+    def publish(self, version: int) -> None:
+        """Commit ``version`` on every serving rank, then announce it from rank 0."""
+        state = self.ctx.policy.get_trainable_parameters()
+        if self.ctx.sharded:
+            self.ctx.channel.barrier()  # the other ranks committed their copies
+        fingerprint = self.ctx.policy.get_param_fingerprint()
+        self.publisher.send(state, version=version, fingerprint=fingerprint)
+        self.coordinator.published(
+            version=version, fingerprint=fingerprint, incarnation=self.publisher.incarnation
+        )
+
+    # ------------------------------------------------------------------ waiting
+    def wait_batch(self, what: str) -> Any:
+        """The next epoch's worth of fragments; keeps the status message honest while waiting."""
+        waited = 0.0
+        while True:
+            if self.ctx.stop.is_set():
+                raise Stopped(what)
+            batch = self.coordinator.wait_batch(timeout=1.0)
+            if batch is not None:
+                if waited > 5:
+                    self.coordinator.update(message="")
+                return batch
+            waited += 1.0
+            if waited >= 5 and self.coordinator.live_workers() == 0:
+                self.coordinator.update(message=f"waiting for eval workers ({what})")
+
+    def evaluate(self, *, epoch: int, version: int) -> float | None:
+        episodes = self.spec.train.eval_episodes
+        returns = self.coordinator.evaluate(
+            epoch=epoch, version=version, episodes=episodes, timeout=self.EVALUATION_TIMEOUT
+        )
+        if not returns:
+            logger.warning("epoch %d: no eval worker ran the evaluation in time; skipped", epoch)
+            return None
+        return sum(returns) / len(returns)
+
+    def check_fingerprints(self, version: int) -> bool | None:
+        """Did every eval worker that reported ``version`` load it consistently? None: nobody reported."""
+        verdict = self.coordinator.version_consistency(version)
+        if verdict is not None:
+            self.fingerprint_checks.append((version, verdict))
+        return verdict
+
+    # ------------------------------------------------------------------ bookkeeping
+    def restore(self) -> TrainerProgress:
+        """Rank 0 resumes from the newest valid checkpoint; every rank gets the same state."""
+        progress = TrainerProgress()
+        if self.spec.checkpoint.resume:
+            checkpoint = self.store.latest()
+            if checkpoint is not None:
+                progress = self.store.load(checkpoint, self.ctx.policy)
+                logger.info("resumed from %s (epoch %d)", checkpoint.path, progress.epoch)
+        if progress.epoch == 0 and self.spec.checkpoint.path:
+            self.ctx.policy.load_checkpoint(self.spec.checkpoint.path)
+        self.ctx.channel.share_state(self.ctx.policy, progress)
+        return progress
+
+    def tracker(self, progress: TrainerProgress) -> RunTracker:
+        tracker = RunTracker(
+            job=self.ctx.job.name,
+            max_epochs=self.spec.train.max_epochs,
+            target_return=self.spec.train.target_return,
+            progress=progress,
+            now=self.ctx.clock(),
+        )
+        notify(self.ctx.observers, "on_start", tracker.start())
+        return tracker
+
+    def epoch_done(self, tracker: RunTracker, record: EpochRecord) -> None:
+        notify(self.ctx.observers, "on_epoch", record)
+        self.coordinator.update(
+            phase="Running",
+            epoch=record.epoch,
+            env_steps=record.env_steps,
+            last_return=record.recent_return,
+            episodes=record.episodes_total,
+            eval_return=tracker.last_eval,
+            fingerprints_consistent=tracker.consistent,
+        )
+        interval = self.spec.train.save_interval
+        if interval and record.epoch % interval == 0:
+            self.save(tracker)
+
+    def save(self, tracker: RunTracker) -> None:
+        self.store.save(self.ctx.policy, tracker.progress(now=self.ctx.clock()))
+
+    def finish(self, tracker: RunTracker, *, stop_reason: str, details: dict[str, Any]) -> RunSummary:
+        """Stop the other ranks, write the last checkpoint, the marker, the summary; tell the workers."""
+        self.ctx.channel.send(Command(Op.STOP))
+        if self.spec.engine is not Engine.EVAL:
+            latest = self.store.latest()
+            if latest is None or latest.progress.epoch != tracker.epoch:
+                self.save(tracker)
+        checks = self.fingerprint_checks
+        summary = tracker.summary(
+            stop_reason=stop_reason, now=self.ctx.clock(), paths={**self.ctx.paths.as_dict()}
+        )
+        summary = RunSummary(
+            **{
+                **summary.__dict__,
+                "engine": self.spec.engine.value,
+                "fingerprint_checks": len(checks),
+                "fingerprints_consistent": tracker.consistent and all(ok for _, ok in checks),
+                "details": details,
+            }
+        )
+        self.store.mark_complete(summary.to_json())
+        notify(self.ctx.observers, "on_finish", summary)
+        self.coordinator.finish(phase="Complete", message=f"finished: {stop_reason}")
+        return summary

@@ -1,0 +1,261 @@
+"""The eval worker: one pod's EnvGroup and EVAL policy, leasing work from the coordinator.
+
+I/O. Life of a worker: build its env group and EVAL policy, wire the weight plane of the job's
+strategy, register (retrying until the coordinator answers), then lease tasks: load the
+version the task needs (and report it, with its fingerprint), roll out one fragment or play
+the evaluation episodes, push the result (retried; the coordinator acknowledges a task once).
+A heartbeat thread keeps the registration alive; a coordinator that forgot the worker (it
+restarted) gets a new registration. SIGTERM drains: the fragment in progress is finished and
+pushed, then the worker deregisters and exits. When the job is over the worker idles until it
+is stopped (a StatefulSet would restart a pod that exits).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube.contract import PodEnv
+from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.coordinator.wire import episodes_only, fragment_to_proto
+from rlkube.engine.rollout import RolloutWorker
+from rlkube.envs.group import EnvGroup
+from rlkube.policy.base import BasePolicy, PolicyRole
+from rlkube.spec import RLJob
+from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
+
+logger = logging.getLogger(__name__)
+
+#: Offset between the seeds of training envs and evaluation envs (never the same episodes).
+EVAL_SEED_OFFSET = 1_000_003
+#: Long-poll length of LeaseTask.
+LEASE_WAIT = 5.0
+#: How long a pushed fragment is retried while the coordinator is unreachable.
+PUSH_RETRY_SECONDS = 120.0
+
+
+@dataclass
+class WorkerStats:
+    fragments: int = 0
+    evaluations: int = 0
+    env_steps: int = 0
+    rollout_seconds: float = 0.0
+    weight_wait_seconds: float = 0.0
+    rejected: list[str] = field(default_factory=list)
+
+
+class EvalWorker:
+    def __init__(
+        self, job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, stop: threading.Event
+    ) -> None:
+        self.job = job
+        self.env = env
+        self.spec = job.spec
+        self.stop = stop
+        self.policy_cls = policy_cls
+        self.client = PolicyGroupClient(env.coordinator_addr)
+        self.worker_id = ""
+        self.min_version = 0
+        self.reported: tuple[str, int] | None = None
+        self.stats = WorkerStats()
+        self._registered = threading.Event()
+        self._report_lock = threading.Lock()
+        self._group: EnvGroup | None = None
+        self._eval_group: EnvGroup | None = None
+
+    # ------------------------------------------------------------------ life cycle
+    def run(self) -> int:
+        spec = self.spec
+        self._group = EnvGroup.from_spec(
+            spec.env, base_seed=spec.train.seed, replica_index=self.env.replica_index
+        )
+        self._group.reset()
+        policy = self.policy_cls(spec.policy, PolicyRole.EVAL)
+        plane = EvalWeightPlane(
+            EvalPlaneConfig.from_spec(
+                spec.policy.weight_buffer,
+                shm_dir=self.env.shm_dir,
+                source=self.env.coordinator_addr,
+                worker_id=self.env.pod_name,  # names this pod's own buffer (Double): stable across restarts
+                node_name=self.env.node_name,
+            )
+        )
+        plane.attach(policy)
+        policy.init_eval(None, env_meta=self._group.meta)
+        heartbeat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+        reporter = threading.Thread(
+            target=self._report_loads, args=(policy, plane), name="reporter", daemon=True
+        )
+        try:
+            if not self._register():
+                return 0
+            # After registering: by then train rank 0 writes its own node's buffer, so a receiver
+            # started here is elected only on nodes without a trainer.
+            plane.start(policy)
+            heartbeat.start()
+            reporter.start()
+            self._serve(policy, plane, RolloutWorker(self._group, policy, replica=self.env.replica_index))
+        finally:
+            if self.worker_id:
+                try:
+                    self.client.deregister(self.worker_id, "SIGTERM" if self.stop.is_set() else "finished")
+                except CoordinatorError as exc:
+                    logger.info("could not deregister: %s", exc)
+            self.stop.set()
+            policy.close()
+            plane.close()
+            for group in (self._group, self._eval_group):
+                if group is not None:
+                    group.close()
+            self.client.close()
+        return 0
+
+    def _register(self) -> bool:
+        request = pb.RegisterRequest(
+            role="eval",
+            pod_name=self.env.pod_name,
+            node_name=self.env.node_name,
+            replica_index=self.env.replica_index,
+            num_envs=self.spec.env.num_envs,
+            previous_worker_id=self.worker_id,
+        )
+        started = time.monotonic()
+        while not self.stop.is_set():
+            try:
+                response = self.client.register(request, retry_for=30.0, should_stop=self.stop.is_set)
+            except CoordinatorError as exc:
+                logger.info("waiting for the coordinator (%.0f s): %s", time.monotonic() - started, exc)
+                continue
+            self.worker_id = response.worker_id
+            self.lease_seconds = response.lease_seconds or 15.0
+            # A new worker loads the newest weights before its first step.
+            self.min_version = max(self.min_version, response.latest.version)
+            self._registered.set()
+            logger.info("registered as %s on %s", self.worker_id, self.env.node_name)
+            return True
+        return False
+
+    def _heartbeat(self) -> None:
+        while not self.stop.wait(max(1.0, self.lease_seconds / 3)):
+            try:
+                reply = self.client.heartbeat(pb.HeartbeatRequest(worker_id=self.worker_id))
+            except CoordinatorError as exc:
+                logger.debug("heartbeat failed: %s", exc)
+                continue
+            if not reply.known:
+                self._registered.clear()
+
+    # ------------------------------------------------------------------ work
+    def _serve(self, policy: BasePolicy, plane: EvalWeightPlane, rollout: RolloutWorker) -> None:
+        while not self.stop.is_set():
+            if not self._registered.is_set() and not self._register():
+                return
+            try:
+                task = self.client.lease(self.worker_id, wait_seconds=LEASE_WAIT)
+            except CoordinatorError as exc:
+                if exc.code is not None and exc.code.name == "NOT_FOUND":
+                    self._registered.clear()  # the coordinator restarted or expired us
+                else:
+                    logger.info("lease failed: %s", exc)
+                    self.stop.wait(1.0)
+                continue
+            if task.kind == pb.Task.STOP:
+                logger.info("the job is finished; idling until stopped")
+                self._idle()
+                return
+            if task.kind == pb.Task.NONE:
+                continue
+            waited = self._load(policy, plane, max(task.min_version, self.min_version))
+            if task.kind == pb.Task.COLLECT:
+                self._collect(task, rollout, waited)
+            elif task.kind == pb.Task.EVALUATE:
+                self._evaluate(task, policy)
+
+    def _load(self, policy: BasePolicy, plane: EvalWeightPlane, version: int) -> float:
+        """Make the model hold at least ``version``; report a newly loaded version. Seconds waited."""
+        started = time.perf_counter()
+        key = plane.sync(policy, min_version=version, timeout=120.0)
+        waited = time.perf_counter() - started
+        if key is None or key[1] < version:
+            raise RuntimeError(f"weights v{version} did not arrive within 120 s (holding {key})")
+        self._report(policy, plane)  # before the fragment: the coordinator checks it before training on it
+        self.stats.weight_wait_seconds += waited
+        return waited
+
+    def _report(self, policy: BasePolicy, plane: EvalWeightPlane) -> None:
+        """Tell the coordinator about a newly loaded version, with the model's fingerprint."""
+        with self._report_lock:
+            key = plane.loaded_key()
+            if key is None or key == self.reported or not self._registered.is_set():
+                return
+            report = plane.loaded_report(policy)
+            report.worker_id = self.worker_id
+            try:
+                reply = self.client.report_loaded(report)
+                if not reply.consistent:
+                    logger.error("loaded v%d does not match the trainer: %s", key[1], reply.detail)
+            except CoordinatorError as exc:
+                logger.info("could not report v%d: %s", key[1], exc)
+                return
+            self.reported = key
+
+    def _report_loads(self, policy: BasePolicy, plane: EvalWeightPlane) -> None:
+        """Background strategies load new versions between tasks: report them as they land."""
+        while not self.stop.wait(0.25):
+            self._report(policy, plane)
+
+    def _collect(self, task: pb.Task, rollout: RolloutWorker, waited: float) -> None:
+        started = time.perf_counter()
+        fragment = rollout.collect(task.steps)
+        seconds = time.perf_counter() - started
+        message = fragment_to_proto(
+            fragment,
+            task_id=task.task_id,
+            worker_id=self.worker_id,
+            epoch=task.epoch,
+            rollout_seconds=seconds,
+            weight_wait_seconds=waited,
+        )
+        self._push(message)
+        self.stats.fragments += 1
+        self.stats.env_steps += fragment.env_steps
+        self.stats.rollout_seconds += seconds
+
+    def _evaluate(self, task: pb.Task, policy: BasePolicy) -> None:
+        if self._eval_group is None:
+            self._eval_group = EnvGroup.from_spec(
+                self.spec.env,
+                base_seed=self.spec.train.seed + EVAL_SEED_OFFSET,
+                replica_index=self.env.replica_index,
+            )
+        result = RolloutWorker(self._eval_group, policy).evaluate(
+            task.episodes, seed=self.spec.train.seed + EVAL_SEED_OFFSET
+        )
+        self._push(
+            episodes_only(
+                result.returns,
+                result.lengths,
+                task_id=task.task_id,
+                worker_id=self.worker_id,
+                epoch=task.epoch,
+                version=policy.weight_version,
+            )
+        )
+        self.stats.evaluations += 1
+
+    def _push(self, message: pb.Fragment) -> None:
+        try:
+            ack = self.client.push(message, retry_for=PUSH_RETRY_SECONDS)
+        except CoordinatorError as exc:
+            logger.warning("could not push %s: %s", message.task_id, exc)
+            return
+        if not ack.accepted:
+            self.stats.rejected.append(message.task_id)
+            logger.info("%s not accepted: %s", message.task_id, ack.reason)
+
+    def _idle(self) -> None:
+        while not self.stop.wait(3600.0):
+            pass

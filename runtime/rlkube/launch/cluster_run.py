@@ -1,0 +1,133 @@
+"""``rlkube run`` as a local cluster: start the processes, show progress, report, clean up.
+
+I/O. Builds the :class:`~rlkube.launch.local.Layout` (run directory, one shm directory per
+simulated node under ``/dev/shm``, free ports), writes the resolved job where every "pod" reads
+it, and supervises the processes while a status line shows what the coordinator reports
+(``GetStatus``: epoch, steps/s, return, weight version, eval workers, per-node weight lag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.engine.report import RunSummary
+from rlkube.engine.run_paths import RunPaths
+from rlkube.jobfile import dump_job
+from rlkube.launch.local import Layout, Outcome, Ports, Supervisor, supervise
+from rlkube.spec import RLJob
+
+SHM_ROOT = Path("/dev/shm")
+
+
+def describe_status(status: pb.JobStatus) -> str:
+    """One line of what the coordinator reports (pure)."""
+    ret = f"{status.last_return:.1f}" if status.HasField("last_return") else "-"
+    lag = ", ".join(
+        f"{n.node_name} v{n.version}" + (f" (lag {n.lag})" if n.lag else "") for n in status.nodes
+    )
+    text = (
+        f"epoch {status.epoch}/{status.max_epochs} | env steps {status.env_steps:,} | "
+        f"{status.steps_per_second:,.0f} steps/s | return(20) {ret} | weights v{status.weight_version} | "
+        f"eval workers {status.eval_workers}"
+    )
+    if lag:
+        text += f" | nodes: {lag}"
+    if status.message:
+        text += f" | {status.message}"
+    return text
+
+
+class StatusLine:
+    """Polls GetStatus on every supervisor tick and shows it (live line, or a line per interval)."""
+
+    def __init__(self, address: str, *, live: bool, interval: float) -> None:
+        self.client = PolicyGroupClient(address)
+        self.interval = interval
+        self.console = Console()
+        self.live = Live(Text("starting..."), console=self.console, refresh_per_second=4) if live else None
+        self._last_print = 0.0
+        self._last_text = ""
+
+    def __enter__(self) -> StatusLine:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+        self.client.close()
+
+    def tick(self, supervisor: Supervisor) -> None:
+        try:
+            text = describe_status(self.client.status(timeout=1.0))
+        except CoordinatorError:
+            text = "waiting for the coordinator..."
+        restarts = supervisor.train_restarts + supervisor.eval_restarts
+        if restarts:
+            text += f" | restarts: train {supervisor.train_restarts}, eval {supervisor.eval_restarts}"
+        if self.live is not None:
+            self.live.update(Text(text))
+        elif text != self._last_text and time.monotonic() - self._last_print >= self.interval:
+            print(text, flush=True)
+            self._last_print, self._last_text = time.monotonic(), text
+
+
+def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
+    paths = RunPaths(Path(args.run_dir)) if args.run_dir else None
+    if paths is None:
+        from rlkube.launch.run import _fresh_run_dir
+
+        paths = _fresh_run_dir(job.name)
+    paths.create()
+    paths.job.write_text(dump_job(job))
+    nodes = max(1, int(args.nodes))
+    layout = Layout(
+        job=job,
+        run_dir=paths.run_dir.resolve(),
+        shm_root=SHM_ROOT / f"rlkube-{job.name}-{secrets.token_hex(4)}",
+        nodes=nodes,
+        ports=Ports.allocate(job.spec.trainer.replicas),
+    )
+    supervisor = Supervisor(layout)
+    print(
+        f"{job.name}: {job.spec.trainer.replicas} train ranks, {job.spec.evaluator.replicas} eval workers on "
+        f"{nodes} simulated node(s), strategy {job.spec.policy.weight_buffer.strategy.value}; "
+        f"run directory {paths.run_dir}\n  scale with: rlkube scale {paths.run_dir} --evaluators K",
+        flush=True,
+    )
+    live = not args.no_progress and Console().is_terminal
+    with StatusLine(
+        f"127.0.0.1:{layout.ports.coordinator}", live=live, interval=job.spec.log.interval_seconds
+    ) as view:
+        outcome = supervise(supervisor, on_tick=view.tick)
+    return report(outcome, paths, args.summary)
+
+
+def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int:
+    if outcome.code != 0:
+        print(f"rlkube: {outcome.message}", file=sys.stderr)
+        return outcome.code
+    data = json.loads(paths.summary.read_text())
+    if extra_summary is not None:
+        extra_summary.parent.mkdir(parents=True, exist_ok=True)
+        extra_summary.write_text(json.dumps(data, indent=2) + "\n")
+    fields = {name: data[name] for name in RunSummary.__dataclass_fields__ if name in data}
+    from rlkube.launch.run import _print_result
+
+    _print_result(RunSummary(**fields), paths, extra_summary)
+    if "fingerprint_checks" in data:
+        verdict = "consistent" if data.get("fingerprints_consistent") else "INCONSISTENT"
+        print(f"  weights     train/eval fingerprints {verdict} over {data['fingerprint_checks']} versions")
+    return 0

@@ -1,0 +1,239 @@
+"""A train pod: rendezvous, DDP, the weight publisher and, on rank 0, the coordinator and engine.
+
+I/O. Start-up order is what makes a cluster start in any order:
+
+1. rank 0 serves the PolicyGroup coordinator at once (before the rendezvous), so eval workers
+   and the other ranks can ask for the job's state while ranks are still coming up;
+2. every other rank asks the coordinator first: if the job is already complete it idles, else it
+   waits for ``MASTER_ADDR`` to resolve (DNS of a new pod lags) and joins the rendezvous;
+3. the ranks build the TRAIN policy (DDP-wrapped), gather each other's weight-store addresses,
+   start their publishers, and rank 0 resumes from the newest checkpoint and shares it.
+
+When the job finishes every rank stays up, idle, serving the final status, until it is stopped:
+a StatefulSet restarts a pod that exits, and a restarted rank 0 that finds the completion
+marker serves the final status again instead of training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+import torch
+import torch.distributed as dist
+
+from rlkube import contract
+from rlkube.contract import PodEnv
+from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.coordinator.service import CoordinatorServer
+from rlkube.coordinator.state import Coordinator
+from rlkube.engine.async_engine import AsyncEngine
+from rlkube.engine.checkpoint import CheckpointStore
+from rlkube.engine.eval_engine import EvalEngine
+from rlkube.engine.ranks import RankChannel
+from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
+from rlkube.engine.run_paths import RunPaths
+from rlkube.engine.sync_engine import SyncEngine
+from rlkube.engine.trainer import RankZeroEngine, Stopped, TrainContext, follow
+from rlkube.envs.group import EnvGroup
+from rlkube.launch.progress import PlainProgress
+from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
+from rlkube.spec import Engine, RLJob
+from rlkube.weights.errors import WriterBusyError
+from rlkube.weights.publisher import PublisherConfig, WeightPublisher
+from rlkube.weights.service import weight_store_handler
+
+logger = logging.getLogger(__name__)
+
+#: How long a rank waits for MASTER_ADDR to resolve and for the rendezvous to complete.
+RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
+ENGINES: dict[Engine, type[RankZeroEngine]] = {
+    Engine.SYNC: SyncEngine,
+    Engine.ASYNC: AsyncEngine,
+    Engine.EVAL: EvalEngine,
+}
+
+
+class LateHandler(grpc.GenericRpcHandler):
+    """A gRPC service added to a running server once it exists (the WeightStore, after the rendezvous)."""
+
+    def __init__(self) -> None:
+        self.inner: grpc.GenericRpcHandler | None = None
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self.inner.service(handler_call_details) if self.inner is not None else None
+
+
+def env_meta(job: RLJob):
+    """The spaces of the job's env (train ranks build networks without running rollouts)."""
+    spec = job.spec.env.model_copy(update={"num_envs": 1, "vectorization": "sync"})
+    with EnvGroup.from_spec(spec, base_seed=job.spec.train.seed) as group:
+        group.reset()
+        return group.meta
+
+
+def rank_host(env: PodEnv, rank: int) -> str:
+    """Where rank ``rank`` is reached: its stable DNS name in a cluster, MASTER_ADDR's host locally."""
+    if env.master_addr == contract.train_rank_host(env.job_name, env.namespace, 0):
+        return contract.train_rank_host(env.job_name, env.namespace, rank)
+    return env.master_addr
+
+
+def wait_for_dns(host: str, *, stop: threading.Event, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.getaddrinfo(host, None)
+            return
+        except socket.gaierror as exc:
+            if stop.is_set() or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"MASTER_ADDR {host} does not resolve after {timeout:.0f} s: {exc}"
+                ) from None
+            logger.info("waiting for %s to resolve", host)
+            stop.wait(2.0)
+
+
+def advertised(env: PodEnv) -> str:
+    return f"{rank_host(env, env.rank)}:{env.weight_port}"
+
+
+def open_publisher(job: RLJob, env: PodEnv) -> WeightPublisher:
+    """This rank's weight publisher, serving on the weight port.
+
+    Rank 0 writes the node's shared buffer directory, so eval pods on its node read the slots
+    directly. If an eval pod's receiver already writes that directory (it took over while rank 0
+    restarted), rank 0 uses a private directory and that node's pods fetch over gRPC instead.
+    Other ranks always use a private directory.
+    """
+    private = Path(env.shm_dir) / f"train-rank-{env.rank}"
+    candidates = [Path(env.shm_dir), private] if env.rank == 0 else [private]
+    for directory in candidates:
+        config = PublisherConfig(
+            shm_dir=directory,
+            listen=f"0.0.0.0:{env.weight_port}",
+            advertise=advertised(env),
+            chunk_bytes=job.spec.policy.weight_buffer.chunk_bytes,
+        )
+        try:
+            return WeightPublisher(config).connect()
+        except WriterBusyError as exc:
+            if directory == candidates[-1]:
+                raise
+            logger.warning(
+                "%s; rank 0 publishes from %s instead (this node's pods fetch over gRPC)", exc, private
+            )
+    raise AssertionError("unreachable")
+
+
+def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, stop: threading.Event) -> int:
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    paths = RunPaths(env.run_dir)
+    coordinator_port = int(env.coordinator_addr.rpartition(":")[2])
+    server: CoordinatorServer | None = None
+    late = LateHandler()
+    coordinator: Coordinator | None = None
+    publisher: WeightPublisher | None = None
+    if env.rank == 0:
+        paths.create()
+        done = CheckpointStore(paths.checkpoints).completion()
+        coordinator = Coordinator(job, world_size=env.world_size)
+        server = CoordinatorServer(
+            coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late]
+        ).start()
+        if done is not None:
+            logger.info(
+                "%s is complete (%s); serving its final status", job.name, paths.checkpoints / "COMPLETE.json"
+            )
+            coordinator.update(
+                epoch=int(done.get("epochs") or 0),
+                env_steps=int(done.get("env_steps") or 0),
+                last_return=done.get("final_return"),
+                eval_return=done.get("eval_return"),
+            )
+            coordinator.finish(phase="Complete", message="already complete")
+            return _idle(stop, server)
+    elif _job_finished(env, stop):
+        return _idle(stop, None)
+    try:
+        if env.world_size > 1:
+            wait_for_dns(env.master_addr, stop=stop, timeout=RENDEZVOUS_TIMEOUT.total_seconds())
+            dist.init_process_group(
+                backend=env.backend or "gloo",
+                init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=RENDEZVOUS_TIMEOUT,
+            )
+        seed_everything(job.spec.train.seed + env.rank)
+        policy = policy_cls(job.spec.policy, PolicyRole.TRAIN)
+        policy.init_train(job.spec.train, env_meta=env_meta(job))
+        channel = RankChannel()
+        addresses = channel.gather(advertised(env))
+        if publisher is None:
+            publisher = open_publisher(job, env)
+        if env.rank == 0:  # every rank serves its copy; Sharded receivers fetch ranges from all of them
+            peers = tuple(address for rank, address in enumerate(addresses) if rank != 0)
+            publisher.config = replace(publisher.config, peers=peers)
+        ctx = TrainContext(
+            job=job,
+            policy=policy,
+            channel=channel,
+            paths=paths,
+            publisher=publisher,
+            coordinator=coordinator,
+            client=None if env.rank == 0 else PolicyGroupClient(env.coordinator_addr),
+            observers=_observers(job, paths) if env.rank == 0 else (),
+            stop=stop,
+        )
+        if env.rank == 0:
+            assert coordinator is not None
+            late.inner = weight_store_handler(publisher.board)
+            coordinator.incarnation = publisher.incarnation
+            ENGINES[job.spec.engine](ctx).run()
+        else:
+            follow(ctx)
+    except Stopped:
+        if publisher is not None:
+            publisher.close()
+        return 143
+    return _idle(stop, server, publisher)
+
+
+def _job_finished(env: PodEnv, stop: threading.Event) -> bool:
+    """Ranks > 0 ask rank 0 first: a finished job is not joined again (rank 0 idles, it won't rendezvous)."""
+    with PolicyGroupClient(env.coordinator_addr) as client:
+        while not stop.is_set():
+            try:
+                return client.status(timeout=5.0).finished
+            except CoordinatorError as exc:
+                logger.info("waiting for the coordinator at %s: %s", env.coordinator_addr, exc.code)
+                stop.wait(2.0)
+    return False
+
+
+def _observers(job: RLJob, paths: RunPaths) -> list[RunObserver]:
+    observers: list[RunObserver] = [LearningCurve(paths.plot), SummaryFiles(paths.summary)]
+    if job.spec.log.tensorboard:
+        observers.insert(0, TensorBoardLog(paths.tensorboard))
+    observers.append(PlainProgress(interval=job.spec.log.interval_seconds))
+    return observers
+
+
+def _idle(
+    stop: threading.Event, server: CoordinatorServer | None, publisher: WeightPublisher | None = None
+) -> int:
+    """Stay up (serving the final status) until stopped."""
+    stop.wait()
+    if server is not None:
+        server.stop()
+    if publisher is not None:
+        publisher.close()
+    return 0
