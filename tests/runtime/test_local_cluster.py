@@ -1,0 +1,121 @@
+"""`rlkube run` as a local cluster: elastic eval, failures of either role, async staleness, clean exits.
+
+Each test starts real processes (train ranks and eval workers with the pod env contract, a
+coordinator, shm buffers) and watches them from outside through GetStatus and cluster.json.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.cluster import LocalRun, write_job
+
+pytestmark = pytest.mark.slow
+
+
+def start(local_run: list[LocalRun], tmp_path: Path, *args: str, **spec: object) -> LocalRun:
+    run = LocalRun(write_job(tmp_path, **spec), tmp_path / "run", *args)
+    local_run.append(run)
+    return run
+
+
+def test_scaling_eval_workers_mid_run_never_restarts_training_or_loses_a_fragment(
+    local_run, tmp_path
+) -> None:
+    # 8 fragments an epoch, so that new workers (several seconds to start) join while it runs.
+    run = start(local_run, tmp_path, train__maxEpochs=60, train__stepsPerEpoch=512, evaluator__replicas=1)
+    run.wait_until(lambda s: s.epoch >= 2, timeout=180, what="epoch 2")
+    run.scale(4)
+    run.wait_until(lambda s: s.eval_workers == 4, timeout=120, what="4 eval workers")
+    run.scale(2)
+    scaled_down = run.wait_until(lambda s: s.eval_workers == 2, timeout=120, what="2 eval workers")
+    assert run.wait(timeout=300) == 0, run.output[1]
+    summary = run.summary()
+    assert summary["epochs"] == 60
+    assert scaled_down.epoch < 60, "the scale-down happened after training had ended"
+    # Every acknowledged fragment was trained on exactly once: none lost with the drained workers.
+    assert summary["fragments_trained"] == summary["fragments_acknowledged"] == 60 * 8
+    assert summary["fingerprints_consistent"] is True
+    assert (run.run_dir / "logs" / "small-train-0.log").read_text().count("==== small-train-0 started") == 1
+    coordinator_log = (run.run_dir / "logs" / "small-train-0.log").read_text()
+    for pod in ("small-eval-2", "small-eval-3"):  # drained by the scale-down: they deregistered
+        assert re.search(rf"eval worker {pod}#\d+ left \(SIGTERM\)", coordinator_log), pod
+
+
+def test_a_killed_eval_worker_mid_epoch_does_not_stop_the_epoch(local_run, tmp_path) -> None:
+    # 8 fragments an epoch and 2 workers: a worker is always in the middle of a leased fragment.
+    run = start(local_run, tmp_path, train__maxEpochs=40, train__stepsPerEpoch=512, evaluator__replicas=2)
+    run.wait_until(lambda s: s.epoch >= 3, timeout=180, what="epoch 3")
+    os.kill(run.pid_of("small-eval-1"), signal.SIGKILL)
+    killed_at = run.status()
+    assert run.wait(timeout=300) == 0, run.output[1]
+    summary = run.summary()
+    assert killed_at is not None
+    assert killed_at.epoch < 40
+    assert summary["epochs"] == 40
+    assert summary["fragments_trained"] == summary["fragments_acknowledged"] == 40 * 8
+    # The pod came back (as a StatefulSet's would) and joined again under a new worker id.
+    assert (run.run_dir / "logs" / "small-eval-1.log").read_text().count("started at") == 2
+    joined = re.findall(
+        r"eval worker (small-eval-1#\d+) joined", (run.run_dir / "logs" / "small-train-0.log").read_text()
+    )
+    assert len(set(joined)) == 2
+
+
+def test_a_killed_train_rank_makes_the_job_resume_from_the_last_checkpoint(local_run, tmp_path) -> None:
+    run = start(local_run, tmp_path, train__maxEpochs=12, trainer__replicas=2, evaluator__replicas=2)
+    run.wait_until(lambda s: s.epoch >= 5, timeout=240, what="epoch 5")
+    os.kill(run.pid_of("small-train-1"), signal.SIGKILL)
+    assert run.wait(timeout=400) == 0, run.output[1]
+    summary = run.summary()
+    assert summary["epochs"] == 12
+    assert summary["resumed_from_epoch"] in (4, 6, 8), summary
+    log = (run.run_dir / "logs" / "small-train-0.log").read_text()
+    assert "resumed from" in log
+    assert log.count("==== small-train-0 started") == 2
+
+
+def test_async_engine_trains_only_on_fragments_within_max_staleness(local_run, tmp_path) -> None:
+    run = start(
+        local_run, tmp_path, engine="async", train__maxEpochs=12, train__maxStaleness=1, evaluator__replicas=3
+    )
+    assert run.wait(timeout=300) == 0, run.output[1]
+    summary = run.summary()
+    assert summary["epochs"] == 12
+    lags = {int(lag): count for lag, count in summary["lag_distribution"].items()}
+    assert lags, "no lag recorded"
+    assert max(lags) <= 1
+    assert sum(lags.values()) == summary["fragments_trained"]
+    assert summary["fragments_trained"] + summary["dropped_stale"] <= summary["fragments_acknowledged"]
+
+
+def test_ctrl_c_stops_every_process_and_removes_the_shm_directories(local_run, tmp_path) -> None:
+    run = start(local_run, tmp_path, train__maxEpochs=500)
+    run.wait_until(lambda s: s.epoch >= 1, timeout=180, what="epoch 1")
+    assert run.shm_root
+    assert Path(run.shm_root).exists()
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.wait(timeout=120) == 130
+    time.sleep(0.5)
+    assert not run.leftovers()
+    assert not Path(run.shm_root).exists()
+    assert any(p.name.startswith("ckpt-") for p in (run.run_dir / "checkpoints").iterdir())
+
+
+def test_a_run_that_keeps_failing_exits_non_zero_with_the_last_log_lines(local_run, tmp_path) -> None:
+    run = start(
+        local_run,
+        tmp_path,
+        policy__type="PPO",
+        policy__algoCfg={"updateEpochs": 2, "gamma": 7.0},
+        runPolicy__backoffLimit=0,
+    )
+    code = run.wait(timeout=120)
+    assert code != 0
+    assert "gamma" in run.output[1]
