@@ -1,0 +1,177 @@
+"""``rlkube bench rollout``: env steps/s of the local cluster for 1, 2, 4 eval workers, sync vs async.
+
+Measures, in one run and side by side:
+
+* ``bound``: one process stepping the same EnvGroup with the same EVAL policy and nothing else
+  (no training, no network) -- what one core can roll out;
+* ``in-process``: ``rlkube run --in-process`` (rollout and training alternate in one process);
+* ``cluster``: ``rlkube run`` as a local cluster (1 train rank, K eval workers as processes,
+  fragments over gRPC, weights through the shm buffer) with the sync and the async engine.
+
+For each cluster run it reports env steps per second of wall time (training included) and the
+fraction of eval-worker time spent waiting for weights instead of rolling out. On a machine
+with C cores, K workers plus a trainer contend for them: the figures show where that bites.
+``--json PATH`` writes one row per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rlkube.engine.in_process import InProcessEngine
+from rlkube.engine.rollout import RolloutWorker
+from rlkube.engine.run_paths import RunPaths
+from rlkube.envs.group import EnvGroup
+from rlkube.jobfile import dump_job
+from rlkube.launch.local import Layout, Ports, Supervisor, supervise
+from rlkube.policy import POLICIES, PolicyRole
+from rlkube.spec import RLJob, parse_job
+
+
+def job(*, engine: str, workers: int, epochs: int, steps_per_epoch: int) -> RLJob:
+    return parse_job(
+        {
+            "apiVersion": "rlkube.io/v1alpha1",
+            "kind": "RLJob",
+            "metadata": {"name": f"bench-{engine}-{workers}"},
+            "spec": {
+                "engine": engine,
+                "policy": {
+                    "type": "PPO",
+                    "modelCfg": {"hiddenSizes": [64, 64]},
+                    "algoCfg": {"updateEpochs": 4},
+                    "weightBuffer": {"strategy": "Shared"},
+                },
+                "env": {"id": "CartPole-v1", "numEnvs": 8},
+                "train": {
+                    "maxEpochs": epochs,
+                    "stepsPerEpoch": steps_per_epoch,
+                    "fragmentLength": 32,
+                    "batchSize": 256,
+                    "evalInterval": 0,
+                    "saveInterval": 0,
+                    "maxStaleness": 2,
+                },
+                "buffer": {"capacity": 2 * max(1, steps_per_epoch // 256)},
+                "trainer": {"replicas": 1},
+                "evaluator": {"replicas": workers},
+                "log": {"tensorboard": False},
+            },
+        }
+    )
+
+
+def measure_bound(spec: RLJob, steps: int) -> dict[str, Any]:
+    """One process, rollouts only: the same envs and policy forward pass, nothing else."""
+    policy = POLICIES.get("PPO")(spec.spec.policy.model_copy(update={}), PolicyRole.EVAL)
+    with EnvGroup.from_spec(spec.spec.env, base_seed=1) as group:
+        group.reset()
+        policy.init_eval(None, env_meta=group.meta)
+        worker = RolloutWorker(group, policy)
+        worker.collect(32)  # warm-up
+        started = time.perf_counter()
+        collected = 0
+        while collected < steps:
+            collected += worker.collect(32).env_steps
+        seconds = time.perf_counter() - started
+    policy.close()
+    return {"method": "bound", "engine": "-", "workers": 1, "env_steps": collected, "seconds": seconds}
+
+
+def measure_in_process(spec: RLJob, root: Path) -> dict[str, Any]:
+    paths = RunPaths(root / "in-process").create()
+    summary = InProcessEngine(spec, POLICIES.get("PPO"), paths=paths).run()
+    return {
+        "method": "in-process",
+        "engine": "sync",
+        "workers": 1,
+        "env_steps": summary.env_steps,
+        "seconds": summary.wall_seconds,
+    }
+
+
+def measure_cluster(spec: RLJob, root: Path, *, nodes: int) -> dict[str, Any]:
+    paths = RunPaths(root / spec.name).create()
+    paths.job.write_text(dump_job(spec))
+    layout = Layout(
+        job=spec,
+        run_dir=paths.run_dir,
+        shm_root=Path("/dev/shm") / f"rlkube-bench-rollout-{secrets.token_hex(4)}",
+        nodes=nodes,
+        ports=Ports.allocate(spec.spec.trainer.replicas),
+    )
+    outcome = supervise(Supervisor(layout))
+    if outcome.code != 0:
+        raise RuntimeError(f"{spec.name} failed: {outcome.message}")
+    summary = json.loads(paths.summary.read_text())
+    return {
+        "method": "cluster",
+        "engine": spec.spec.engine.value,
+        "workers": spec.spec.evaluator.replicas,
+        "env_steps": summary["env_steps"],
+        "seconds": summary["wall_seconds"],
+        "weight_wait_fraction": summary.get("weight_wait_fraction"),
+        "dropped_stale": summary.get("dropped_stale", 0),
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    bound = next(r["steps_per_second"] for r in rows if r["method"] == "bound")
+    lines = [
+        f"{'method':11s} {'engine':6s} {'workers':>7s} {'env steps':>10s} {'seconds':>8s} {'steps/s':>9s} "
+        f"{'vs bound':>8s} {'waiting for weights':>20s}",
+    ]
+    for r in rows:
+        wait = r.get("weight_wait_fraction")
+        lines.append(
+            f"{r['method']:11s} {r['engine']:6s} {r['workers']:7d} {r['env_steps']:10,d} {r['seconds']:8.1f} "
+            f"{r['steps_per_second']:9,.0f} {r['steps_per_second'] / bound:8.2f} "
+            f"{'-' if wait is None else f'{100 * wait:.1f}%':>20s}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlkube bench rollout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--engines", nargs="+", default=["sync", "async"], choices=["sync", "async"])
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--steps-per-epoch", type=int, default=2048)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 4 short epochs (for tests)")
+    parser.add_argument("--json", type=Path, default=None, help="write one row per measurement here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workers, args.epochs, args.steps_per_epoch = [1, 2], 4, 512
+    rows: list[dict[str, Any]] = []
+    base = job(engine="sync", workers=1, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch)
+    with tempfile.TemporaryDirectory(prefix="rlkube-bench-rollout-") as tmp:
+        root = Path(tmp)
+        rows.append(measure_bound(base, args.epochs * args.steps_per_epoch // 2))
+        rows.append(measure_in_process(base, root))
+        for engine in args.engines:
+            for workers in args.workers:
+                spec = job(
+                    engine=engine, workers=workers, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch
+                )
+                print(f"running {engine} with {workers} eval worker(s)...", file=sys.stderr, flush=True)
+                rows.append(measure_cluster(spec, root, nodes=min(args.nodes, workers)))
+    for row in rows:
+        row["steps_per_second"] = row["env_steps"] / row["seconds"] if row["seconds"] > 0 else 0.0
+        row["scenario"] = "cartpole-ppo"
+    print(table(rows))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
