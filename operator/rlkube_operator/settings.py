@@ -142,6 +142,12 @@ ENV_VARS: dict[str, str] = {
     "RLKUBE_FIELD_MANAGER": "server-side apply field manager (default rlkube-operator)",
 }
 
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``RLKUBE_*`` names in ``environ`` that are no operator setting (a typo is otherwise silent)."""
+    return sorted(name for name in environ if name.startswith("RLKUBE_") and name not in ENV_VARS)
+
+
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 

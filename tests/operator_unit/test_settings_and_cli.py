@@ -155,3 +155,33 @@ def test_operator_command_refuses_bad_settings(
     monkeypatch.setenv("RLKUBE_WORKERS", "none")
     assert operator_command(argparse.Namespace(kopf_args=[])) == 2
     assert "RLKUBE_WORKERS" in capsys.readouterr().err
+
+
+def test_rlkube_operator_passes_its_options_to_the_operators_parser() -> None:
+    from rlkube.cli import parse_args
+    from rlkube_operator.cli import parse_operator_args
+
+    for argv in (["operator", "-A", "--verbose"], ["operator", "--verbose", "-A"]):
+        options = parse_operator_args(parse_args(argv).kopf_args)
+        assert options.all_namespaces
+        assert options.verbose
+    options = parse_operator_args(parse_args(["operator", "--namespace=a", "-n", "b"]).kopf_args)
+    assert options.namespace == ["a", "b"]
+
+
+def test_settings_the_operator_does_not_know_are_named() -> None:
+    from rlkube_operator.settings import unknown_variables
+
+    environ = {"RLKUBE_OPERATOR_LOG_LEVEL": "debug", "RLKUBE_LOG_LEVEL": "debug", "HOME": "/home/rlkube"}
+    assert unknown_variables(environ) == ["RLKUBE_OPERATOR_LOG_LEVEL"]
+
+
+def test_operator_command_warns_about_unknown_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlkube_operator.cli import operator_command
+
+    monkeypatch.setenv("RLKUBE_OPERATOR_METRICS_PORT", "8080")
+    monkeypatch.setattr("kopf.run", lambda **_: None)
+    assert operator_command(argparse.Namespace(kopf_args=[])) == 0
+    assert "ignoring RLKUBE_OPERATOR_METRICS_PORT: not an operator setting" in capsys.readouterr().err
