@@ -126,7 +126,7 @@ def test_operator_runs_as_non_root_with_a_read_only_root_and_no_capabilities() -
     pod = only(render(DEFAULT), "Deployment")["spec"]["template"]["spec"]
     container = operator_container(render(DEFAULT))
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] == 10001  # the Dockerfile's user
+    assert pod["securityContext"]["runAsUser"] == contract.IMAGE_USER_ID  # the Dockerfile's user
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
@@ -253,7 +253,7 @@ def test_notes_tell_the_next_commands(tmp_path: Path) -> None:
     assert "kubectl apply -f examples/rljob-kind.yaml" in notes
     assert "kubectl wait --for=condition=Complete rlj/cartpole-kind" in notes
     assert "kubectl scale rlj/cartpole-kind --replicas=4" in notes
-    assert "kubectl apply --server-side -f charts/rlkube/crds/" in notes
+    assert "kubectl apply --server-side --force-conflicts -f charts/rlkube/crds/" in notes
     assert "all namespaces" in notes
     namespaced = _render_notes(tmp_path / "ns", NAMESPACED)
     assert "the namespaces team-a, team-b" in namespaced
