@@ -40,10 +40,18 @@ test: $(VENV)/.dev
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
+# The delivery linters use the same options as tests/delivery (which runs them too).
+SHELLCHECK_ARGS := --severity=style --enable=all --exclude=SC2250,SC2312
+DELIVERY_YAML := charts/rlkube/Chart.yaml charts/rlkube/values.yaml charts/rlkube/values-gpu.yaml \
+	examples/rljob-kind.yaml examples/rljob-gpu.yaml e2e/kind.yaml
+
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/yamllint --strict -c tests/delivery/yamllint.yaml $(DELIVERY_YAML)
+	$(VENV)/bin/shellcheck $(SHELLCHECK_ARGS) e2e/run.sh
+	$(VENV)/bin/hadolint Dockerfile
 
 generate: $(VENV)/.dev
 	$(PY) scripts/generate.py
@@ -74,7 +82,7 @@ GPU_BASE_IMAGE ?= nvidia/cuda:13.0.1-runtime-ubuntu24.04
 GPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cu130
 E2E_ARGS ?=
 
-.PHONY: image image-gpu chart e2e lint-delivery
+.PHONY: image image-gpu chart e2e
 
 image:
 	$(DOCKER) build --tag $(IMAGE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) .
@@ -90,11 +98,3 @@ chart: $(VENV)/.dev
 
 e2e: $(VENV)/.dev
 	HELM="$(abspath $(VENV)/bin/helm)" bash e2e/run.sh $(E2E_ARGS)
-
-# The delivery linters on their own (tests/delivery runs them too, inside `make test`).
-lint-delivery: $(VENV)/.dev
-	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck e2e/run.sh
-	$(VENV)/bin/yamllint --strict -c tests/delivery/yamllint.yaml charts/rlkube/Chart.yaml \
-		charts/rlkube/values.yaml charts/rlkube/values-gpu.yaml examples/rljob-kind.yaml \
-		examples/rljob-gpu.yaml e2e/kind.yaml

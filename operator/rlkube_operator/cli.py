@@ -69,16 +69,28 @@ def _operator_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_operator_args(argv: list[str]) -> argparse.Namespace:
+    """The options of ``rlkube operator`` (what the Helm chart's Deployment passes); exits on bad ones."""
+    return _operator_parser().parse_args(argv)
+
+
 def operator_command(args: argparse.Namespace) -> int:
     """``rlkube operator [-n NS]... [-A] [--verbose]``: check the settings, then run kopf until stopped."""
-    from rlkube_operator.settings import SettingsError, load_settings
+    import os
 
-    options = _operator_parser().parse_args(list(getattr(args, "kopf_args", []) or []))
+    from rlkube_operator.settings import SettingsError, load_settings, unknown_variables
+
+    options = parse_operator_args(list(getattr(args, "kopf_args", []) or []))
     try:
         settings = load_settings()
     except SettingsError as exc:
         print(f"rlkube operator: {exc}", file=sys.stderr)
         return 2
+    for name in unknown_variables(os.environ):
+        print(
+            f"rlkube operator: ignoring {name}: not an operator setting (rlkube operator --help)",
+            file=sys.stderr,
+        )
 
     import kopf
 

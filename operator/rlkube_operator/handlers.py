@@ -20,7 +20,7 @@ import kopf
 from rlkube import spec as specmod
 
 from rlkube_operator import metrics, startup
-from rlkube_operator.reconcile import Outcome, ReconcileError
+from rlkube_operator.reconcile import EventReason, Outcome, ReconcileError
 from rlkube_operator.settings import load_settings
 
 #: Read once, at import (``rlkube operator`` imports this module after checking the settings).
@@ -65,11 +65,13 @@ def _run(handler: str, work: Any, *, body: kopf.Body, patch: kopf.Patch) -> None
         try:
             outcome = work(body, now=datetime.now(UTC))
         except ReconcileError as exc:
-            kopf.event(body, type="Warning", reason="ReconcileError", message=str(exc)[:1024])
+            kopf.event(
+                body, type="Warning", reason=EventReason.RECONCILE_ERROR.value, message=str(exc)[:1024]
+            )
             if exc.retryable:
                 raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from exc
             raise kopf.PermanentError(str(exc)) from exc
-        if any(event.reason == "InvalidSpec" for event in outcome.events):
+        if any(event.reason == EventReason.INVALID_SPEC for event in outcome.events):
             metrics.ERRORS.labels(handler=handler).inc()  # a spec the schema let through, refused here
         _publish(outcome, body=body, patch=patch)
 

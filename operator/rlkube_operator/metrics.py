@@ -105,8 +105,13 @@ class Heartbeat:
 HEARTBEAT = Heartbeat()
 
 
-async def start_server(*, port: int) -> web.AppRunner:
-    """Serve /healthz and /metrics on ``port``; stop with ``runner.cleanup()``."""
+#: The paths the operator serves; the Helm chart's probes and ServiceMonitor use them.
+HEALTH_PATH = "/healthz"
+METRICS_PATH = "/metrics"
+
+
+def build_app() -> web.Application:
+    """The HTTP application behind RLKUBE_METRICS_PORT: /healthz and /metrics."""
 
     async def healthz(_: web.Request) -> web.Response:
         age = round(time.monotonic() - HEARTBEAT.last, 1)
@@ -118,9 +123,14 @@ async def start_server(*, port: int) -> web.AppRunner:
         return response
 
     app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
+    app.router.add_get(HEALTH_PATH, healthz)
+    app.router.add_get(METRICS_PATH, metrics)
+    return app
+
+
+async def start_server(*, port: int) -> web.AppRunner:
+    """Serve :func:`build_app` on ``port``; stop with ``runner.cleanup()``."""
+    runner = web.AppRunner(build_app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", port).start()
     return runner

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from rlkube import contract as c
@@ -34,6 +35,17 @@ from rlkube_operator.status import (
     status_changed,
     status_patch,
 )
+
+
+class EventReason(StrEnum):
+    """Reasons of the events the operator posts besides condition transitions (status.Reason)."""
+
+    APPLIED = "Applied"
+    SCALED = "Scaled"
+    SCALED_DOWN = "ScaledDown"
+    TTL_EXPIRED = "TTLExpired"
+    INVALID_SPEC = "InvalidSpec"
+    RECONCILE_ERROR = "ReconcileError"
 
 
 @dataclass(frozen=True)
@@ -94,7 +106,7 @@ class Reconciler:
             outcome = Outcome(phase=Phase.FAILED)
             if status_changed(raw.get("status"), derived.status):
                 outcome.status_patch = status_patch(raw.get("status"), derived.status)
-                outcome.events.append(Event("Warning", "InvalidSpec", "; ".join(exc.problems)))
+                outcome.events.append(Event("Warning", EventReason.INVALID_SPEC, "; ".join(exc.problems)))
             return None, outcome
 
     def _stopped(self, job: RLJob) -> bool:
@@ -125,7 +137,7 @@ class Reconciler:
         kinds = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in objects)
         why = " (scaled to zero: suspended)" if job.spec.run_policy.suspend else ""
         why = why or (" (scaled to zero: finished)" if stopped else "")
-        return Outcome(events=[Event("Normal", "Applied", f"applied {kinds}{why}")])
+        return Outcome(events=[Event("Normal", EventReason.APPLIED, f"applied {kinds}{why}")])
 
     def scale(self, body: Mapping[str, Any], *, now: datetime) -> Outcome:
         """``spec.evaluator.replicas`` changed: apply the eval StatefulSet and nothing else."""
@@ -136,7 +148,7 @@ class Reconciler:
             return Outcome()
         self._apply(render_eval_statefulset(job, self.settings.render))
         replicas = job.spec.evaluator.replicas
-        return Outcome(events=[Event("Normal", "Scaled", f"eval replicas set to {replicas}")])
+        return Outcome(events=[Event("Normal", EventReason.SCALED, f"eval replicas set to {replicas}")])
 
     def observe(self, job: RLJob) -> Children:
         ns = job.namespace
@@ -181,12 +193,16 @@ class Reconciler:
             self._apply(render_train_statefulset(job, self.settings.render, stopped=True))
             self._apply(render_eval_statefulset(job, self.settings.render, stopped=True))
             policy = job.spec.run_policy.clean_pod_policy.value
-            outcome.events.append(Event("Normal", "ScaledDown", f"cleanPodPolicy {policy}: scaled to zero"))
+            outcome.events.append(
+                Event("Normal", EventReason.SCALED_DOWN, f"cleanPodPolicy {policy}: scaled to zero")
+            )
         ttl = job.spec.run_policy.ttl_seconds_after_finished
         finished_at = parse_time(derived.status.get("completionTime"))
         expired = ttl is not None and finished_at is not None and now >= finished_at + timedelta(seconds=ttl)
         if derived.phase.is_terminal() and expired:
-            outcome.events.append(Event("Normal", "TTLExpired", f"deleting: finished more than {ttl}s ago"))
+            outcome.events.append(
+                Event("Normal", EventReason.TTL_EXPIRED, f"deleting: finished more than {ttl}s ago")
+            )
             try:
                 self.kube.delete(job.api_version, job.kind, job.namespace, job.name)
             except ApiError as exc:

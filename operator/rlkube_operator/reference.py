@@ -126,6 +126,7 @@ def operator_markdown() -> str:
     for family in metrics.REGISTRY.collect():
         suffix = "_total" if family.type == "counter" else ""
         lines.append(f"| `{family.name}{suffix}` | {family.type} | {_text(family.documentation)} |")
+    lines += _pods_section()
     lines += [
         "",
         "## Trying it without a cluster",
@@ -145,6 +146,30 @@ def operator_markdown() -> str:
             lines.append(f"| {scope} | {groups} | {resources} | {verbs} | {_text(rule.why)} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _pods_section() -> list[str]:
+    from rlkube import contract
+
+    from rlkube_operator import render
+    from rlkube_operator.defaults import DEFAULTABLE_KEYS
+
+    return [
+        "",
+        "## What job pods get",
+        "",
+        f"- The image's entrypoint (tini, then `rlkube`) with `args: {json.dumps(render.POD_ARGS)}`; tini",
+        "  stays PID 1.",
+        f"- Pod securityContext `{json.dumps(render.POD_SECURITY_CONTEXT)}`; the rlkube container",
+        f"  `{json.dumps(render.CONTAINER_SECURITY_CONTEXT)}`. Pod Security `restricted` admits the pods of",
+        "  the `Double` and `None` weight strategies.",
+        "- `Shared` and `Sharded` mount a hostPath per job on each node (Pod Security `baseline` forbids",
+        f"  it); the init container `{render.WEIGHTS_DIR_INIT}` (root, only CAP_CHOWN) hands it to uid",
+        f"  {contract.IMAGE_USER_ID} first.",
+        "- RLKUBE_DEFAULT_POD_SETTINGS merged under the job's own `spec.trainer` / `spec.evaluator`",
+        f"  (keys {', '.join(f'`{k}`' for k in DEFAULTABLE_KEYS)}); the job's own settings win",
+        "  (see `rlkube_operator/defaults.py` for the rule per key).",
+    ]
 
 
 def _walk(node: dict[str, Any], path: str, required: set[str]) -> list[tuple[str, dict[str, Any], bool]]:

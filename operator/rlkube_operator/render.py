@@ -19,6 +19,14 @@ Objects of a job ``J`` in namespace ``N`` (names from :mod:`rlkube.contract`):
 The ``rlkube.io/spec-hash`` annotation is a digest of the spec without ``evaluator.replicas`` and
 of the operator's render settings: it is on every object and every pod template, so a spec
 change rolls the pods, and a scale does not.
+
+Pods run the image's entrypoint (tini, then ``rlkube``) with ``args: ["pod"]``, so tini stays PID 1
+and reaps and forwards signals. They run as the image's non-root user (``IMAGE_USER_ID``) under a
+pod securityContext that Pod Security ``restricted`` admits, except that the Shared and Sharded
+weight strategies mount a hostPath (``baseline`` forbids it) which the kubelet creates
+root-owned: a small init container running as root with only CAP_CHOWN hands it to that user.
+The operator's per-role pod defaults (:mod:`rlkube_operator.defaults`) are merged under the job's
+own trainer and evaluator settings here, in the pod templates and the backend.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from rlkube import contract as c
 from rlkube.contract import Role
 from rlkube.spec import PodSpecOverrides, RLJob, WeightStrategy
 
+from rlkube_operator.defaults import merged_role, with_pod_defaults
 from rlkube_operator.settings import RenderSettings
 
 ANNOTATION_SPEC_HASH = "rlkube.io/spec-hash"
@@ -40,7 +49,10 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rlkube-operator"
 LABEL_POD_NAME = "statefulset.kubernetes.io/pod-name"
 CONTAINER_NAME = {Role.TRAIN: "train", Role.EVAL: "eval"}
-POD_COMMAND = ["rlkube", "pod"]
+#: Arguments of the image's entrypoint (``tini -- rlkube``): pods run ``rlkube pod``.
+POD_ARGS = ["pod"]
+#: The init container that hands a hostPath weight directory to the image's user.
+WEIGHTS_DIR_INIT = "weights-dir"
 
 PORTS = {"rendezvous": c.MASTER_PORT, "coordinator": c.COORDINATOR_PORT, "weights": c.WEIGHT_PORT}
 
@@ -210,7 +222,7 @@ def render_network_policy(job: RLJob, settings: RenderSettings) -> dict[str, Any
 # Pods ----------------------------------------------------------------------------------------
 
 
-def contract_env(job: RLJob, role: Role) -> list[dict[str, Any]]:
+def contract_env(job: RLJob, role: Role, settings: RenderSettings) -> list[dict[str, Any]]:
     """Exactly the env contract's names for ``role``, in table order, values or downward-API refs."""
     world = str(job.spec.trainer.replicas)
     master = c.master_addr(job.name, job.namespace)
@@ -221,7 +233,7 @@ def contract_env(job: RLJob, role: Role) -> list[dict[str, Any]]:
         "RLKUBE_SHM_DIR": c.SHM_DIR,
         "RLKUBE_RUN_DIR": c.RUN_DIR,
         "RLKUBE_JOB_CONFIG": c.JOB_CONFIG_PATH,
-        "RLKUBE_BACKEND": job.spec.resolved_backend().value,
+        "RLKUBE_BACKEND": with_pod_defaults(job, settings.pod_defaults).spec.resolved_backend().value,
         "RLKUBE_WEIGHT_PORT": str(c.WEIGHT_PORT),
         "WORLD_SIZE": world,
         "LOCAL_RANK": "0",
@@ -264,6 +276,46 @@ def _tolerations(pod: PodSpecOverrides, settings: RenderSettings) -> list[dict[s
     return tolerations
 
 
+#: The pod securityContext of every RLJob pod: the image's non-root user, as Pod Security
+#: ``restricted`` asks; fsGroup makes a checkpoint PersistentVolumeClaim writable for it.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": c.IMAGE_USER_ID,
+    "runAsGroup": c.IMAGE_GROUP_ID,
+    "fsGroup": c.IMAGE_GROUP_ID,
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _host_path_weights(job: RLJob) -> bool:
+    return job.spec.policy.weight_buffer.strategy in (WeightStrategy.SHARED, WeightStrategy.SHARDED)
+
+
+def _weights_dir_init(image: str, pull: str | None) -> dict[str, Any]:
+    """Root with only CAP_CHOWN: give the kubelet-made (root-owned) hostPath to the image's user."""
+    init: dict[str, Any] = {
+        "name": WEIGHTS_DIR_INIT,
+        "image": image,
+        "command": ["chown", f"{c.IMAGE_USER_ID}:{c.IMAGE_GROUP_ID}", c.SHM_DIR],
+        "volumeMounts": [{"name": "weights", "mountPath": c.SHM_DIR}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+        },
+    }
+    if pull:
+        init["imagePullPolicy"] = pull
+    return init
+
+
 def _weight_volume(job: RLJob) -> dict[str, Any] | None:
     """The eval pods' weight-buffer volume, per strategy (None: no buffer, no volume)."""
     buffer = job.spec.policy.weight_buffer
@@ -272,14 +324,15 @@ def _weight_volume(job: RLJob) -> dict[str, Any] | None:
         if buffer.shm_size_limit:
             empty["sizeLimit"] = buffer.shm_size_limit
         return {"name": "weights", "emptyDir": empty}
-    if buffer.strategy in (WeightStrategy.SHARED, WeightStrategy.SHARDED):
+    if _host_path_weights(job):
         path = f"{buffer.host_path.rstrip('/')}/{job.namespace}-{job.name}"
         return {"name": "weights", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
     return None
 
 
 def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dict[str, Any]:
-    pod = job.spec.trainer if role is Role.TRAIN else job.spec.evaluator
+    own = job.spec.trainer if role is Role.TRAIN else job.spec.evaluator
+    pod = merged_role(own, settings.pod_defaults.for_role(role))
     volumes: list[dict[str, Any]] = [
         {
             "name": "job-config",
@@ -310,12 +363,14 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
             volumes.append(weights)
             mounts.append({"name": "weights", "mountPath": c.SHM_DIR})
 
+    image = job.spec.image or settings.default_image
     container: dict[str, Any] = {
         "name": CONTAINER_NAME[role],
-        "image": job.spec.image or settings.default_image,
-        "command": list(POD_COMMAND),
-        "env": contract_env(job, role) + [copy.deepcopy(e) for e in pod.env],
+        "image": image,
+        "args": list(POD_ARGS),
+        "env": contract_env(job, role, settings) + [copy.deepcopy(e) for e in pod.env],
         "volumeMounts": mounts,
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     pull = pod.image_pull_policy or settings.image_pull_policy
     if pull:
@@ -327,12 +382,15 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
         container["resources"] = resources
 
     spec: dict[str, Any] = {
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": (
             settings.train_grace_seconds if role is Role.TRAIN else settings.eval_grace_seconds
         ),
     }
+    if role is Role.EVAL and _host_path_weights(job):
+        spec["initContainers"] = [_weights_dir_init(image, pull)]
     node_selector = {**settings.default_node_selector, **pod.node_selector}
     if node_selector:
         spec["nodeSelector"] = node_selector

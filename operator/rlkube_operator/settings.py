@@ -16,6 +16,8 @@ from typing import Any
 from rlkube import __version__
 from rlkube.contract import COORDINATOR_PORT, OPERATOR_METRICS_PORT
 
+from rlkube_operator.defaults import PodDefaults, PodDefaultsError, parse_pod_defaults
+
 
 class SettingsError(ValueError):
     """An operator environment variable has a value we cannot use; the message names it."""
@@ -40,6 +42,9 @@ class RenderSettings:
     gpu_tolerations: tuple[dict[str, Any], ...] = DEFAULT_GPU_TOLERATIONS
     #: Node selector added to every RLJob pod unless the job sets the same key (RLKUBE_DEFAULT_NODE_SELECTOR).
     default_node_selector: Mapping[str, str] = field(default_factory=dict)
+    #: Per-role pod settings merged under each job's spec.trainer / spec.evaluator
+    #: (RLKUBE_DEFAULT_POD_SETTINGS; the chart's jobDefaults; see rlkube_operator.defaults).
+    pod_defaults: PodDefaults = field(default_factory=PodDefaults)
     #: Seconds a train pod gets to checkpoint after SIGTERM (RLKUBE_TRAIN_GRACE_SECONDS).
     train_grace_seconds: int = 60
     #: Seconds an eval pod gets to finish its fragment and deregister (RLKUBE_EVAL_GRACE_SECONDS); a
@@ -58,15 +63,19 @@ class RenderSettings:
     train_shm_size: str | None = None
 
     def digest_input(self) -> dict[str, Any]:
-        """What changes rendered objects, for the spec hash (so an operator upgrade rolls pods)."""
+        """What shapes the pods, for the spec hash: a changed setting rolls the pods it changes.
+
+        The operator's version is not in it: an upgrade restarts a job's pods only when what it
+        renders for them changes (a new default image, new defaults), never for nothing.
+        """
         return {
             "image": self.default_image,
             "pull": self.image_pull_policy,
             "gpu": list(self.gpu_tolerations),
             "nodes": dict(self.default_node_selector),
+            "pods": self.pod_defaults.digest_input(),
             "grace": [self.train_grace_seconds, self.eval_grace_seconds],
             "shm": self.train_shm_size,
-            "version": __version__,
         }
 
 
@@ -112,6 +121,8 @@ ENV_VARS: dict[str, str] = {
     "RLKUBE_IMAGE_PULL_POLICY": "imagePullPolicy when the job sets none (Always, IfNotPresent, Never)",
     "RLKUBE_GPU_TOLERATIONS": "JSON list of tolerations for pods that request nvidia.com/gpu ('[]' for none)",
     "RLKUBE_DEFAULT_NODE_SELECTOR": "JSON object merged into every RLJob pod's nodeSelector",
+    "RLKUBE_DEFAULT_POD_SETTINGS": 'JSON {"trainer": {...}, "evaluator": {...}}: pod settings (keys of '
+    "spec.trainer/spec.evaluator but replicas and backend) merged under each job's own; the job wins",
     "RLKUBE_TRAIN_GRACE_SECONDS": "terminationGracePeriodSeconds of train pods (default 60)",
     "RLKUBE_EVAL_GRACE_SECONDS": "terminationGracePeriodSeconds of eval pods (default 90)",
     "RLKUBE_TRAIN_SHM_SIZE": "sizeLimit of the train pods' in-memory /dev/shm (default unlimited)",
@@ -130,6 +141,12 @@ ENV_VARS: dict[str, str] = {
     "RLKUBE_LOG_LEVEL": "debug, info, warning or error (default info)",
     "RLKUBE_FIELD_MANAGER": "server-side apply field manager (default rlkube-operator)",
 }
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``RLKUBE_*`` names in ``environ`` that are no operator setting (a typo is otherwise silent)."""
+    return sorted(name for name in environ if name.startswith("RLKUBE_") and name not in ENV_VARS)
+
 
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -191,6 +208,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:
         problems.append("RLKUBE_GPU_TOLERATIONS must be a JSON list of objects")
         tolerations = []
     selector = json_value("RLKUBE_DEFAULT_NODE_SELECTOR", {}, dict)
+    try:
+        pod_defaults = parse_pod_defaults(json_value("RLKUBE_DEFAULT_POD_SETTINGS", {}, dict))
+    except PodDefaultsError as exc:
+        problems.append(f"RLKUBE_DEFAULT_POD_SETTINGS: {exc}")
+        pod_defaults = PodDefaults()
     pod_labels = json_value("RLKUBE_OPERATOR_POD_LABELS", dict(rbase.operator_pod_labels), dict)
     log_level = text("RLKUBE_LOG_LEVEL", base.log_level).lower()
     if log_level not in _LOG_LEVELS:
@@ -209,6 +231,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:
         image_pull_policy=pull,
         gpu_tolerations=tuple(tolerations),
         default_node_selector={str(k): str(v) for k, v in selector.items()},
+        pod_defaults=pod_defaults,
         train_grace_seconds=number(
             "RLKUBE_TRAIN_GRACE_SECONDS", rbase.train_grace_seconds, minimum=0, integer=True
         ),

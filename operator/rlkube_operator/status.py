@@ -55,7 +55,6 @@ class ConditionType(StrEnum):
 class Reason(StrEnum):
     """Every reason a condition can carry (CamelCase, as Kubernetes conventions ask)."""
 
-    JOB_CREATED = "JobCreated"
     JOB_SUSPENDED = "JobSuspended"
     JOB_RESUMED = "JobResumed"
     NOT_SUSPENDED = "NotSuspended"

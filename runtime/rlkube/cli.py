@@ -7,7 +7,7 @@
     rlkube pod                           the entrypoint of train and eval pods (reads the env contract)
     rlkube render JOB.yaml               print the Kubernetes objects the operator would create
     rlkube crd                           print the RLJob CustomResourceDefinition
-    rlkube operator [kopf args]          run the operator (what the Helm chart starts)
+    rlkube operator [-n NS]... [-A]      run the operator (what the Helm chart starts)
     rlkube bench weights|rollout         benchmarks, side by side with peers (source checkout)
 """
 
@@ -65,14 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     # add_help=False: `rlkube operator --help` is answered by the operator's own parser.
     operator = sub.add_parser("operator", help="run the kopf operator", add_help=False)
-    operator.add_argument("kopf_args", nargs=argparse.REMAINDER, help="extra arguments for `kopf run`")
+    operator.add_argument(
+        "kopf_args", nargs=argparse.REMAINDER, help="its options (`rlkube operator --help`)"
+    )
 
     bench = sub.add_parser("bench", help="benchmarks (from a source checkout)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="weights|rollout and their options")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line as ``rlkube`` reads it; exits with a usage error on a bad one.
+
+    ``operator`` and ``bench`` pass their arguments on (``kopf_args``, ``bench_args``) to parsers
+    of their own (``rlkube_operator.cli.parse_operator_args`` for the operator).
+    """
     parser = build_parser()
     # argparse's REMAINDER does not take options that come first (`rlkube operator -A`), so the
     # pass-through commands get every argument argparse did not know.
@@ -83,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         args.bench_args = [*args.bench_args, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         return int(_dispatch(args) or 0)
     except KeyboardInterrupt:

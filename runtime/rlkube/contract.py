@@ -38,6 +38,11 @@ RUN_DIR = "/var/lib/rlkube"
 #: Shared-memory directory of the weight buffer (emptyDir Memory or hostPath, per strategy).
 SHM_DIR = "/dev/shm/rlkube"
 
+# The image -----------------------------------------------------------------------------------
+#: The non-root user and group the image (Dockerfile) runs as; the operator's pods run as them too.
+IMAGE_USER_ID = 10001
+IMAGE_GROUP_ID = 10001
+
 # Labels ----------------------------------------------------------------------------------------
 LABEL_JOB = "rlkube.io/job-name"
 LABEL_ROLE = "rlkube.io/role"

@@ -73,8 +73,8 @@ EVERYTHING = ValueSet(
         "imagePullSecrets[0].name=regcred",
         "serviceAccount.annotations.owner=ml-platform",
         "operator.logLevel=debug",
-        "operator.extraArgs={--log-format=json}",
-        "operator.extraEnv[0].name=EXTRA",
+        "operator.extraArgs={--verbose}",
+        "operator.extraEnv[0].name=RLKUBE_STATUS_INTERVAL",
         "operator.podAnnotations.team=rl",
         "operator.podLabels.tier=control",
         "operator.priorityClassName=system-cluster-critical",
@@ -82,7 +82,7 @@ EVERYTHING = ValueSet(
         "operator.tolerations[0].key=CriticalAddonsOnly",
         "operator.tolerations[0].operator=Exists",
     ),
-    set_strings=("metrics.service.annotations.prometheus\\.io/scrape=true", "operator.extraEnv[0].value=1"),
+    set_strings=("metrics.service.annotations.prometheus\\.io/scrape=true", "operator.extraEnv[0].value=10"),
 )
 VALUE_SETS = (DEFAULT, NAMESPACED, GPU, EVERYTHING)
 
@@ -133,7 +133,7 @@ def operator_env(objects: tuple[dict[str, Any], ...]) -> dict[str, Any]:
 
 
 def default_pod_settings(objects: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    return json.loads(operator_env(objects)["RLKUBE_OPERATOR_DEFAULT_POD_SETTINGS"])
+    return json.loads(operator_env(objects)["RLKUBE_DEFAULT_POD_SETTINGS"])
 
 
 def kubernetes_problems(document: dict[str, Any], version: str) -> str | None:

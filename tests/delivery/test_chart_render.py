@@ -91,35 +91,28 @@ def test_operator_runs_one_replica_replaced_with_recreate() -> None:
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def test_operator_runs_rlkube_operator_standalone_over_all_namespaces_by_default() -> None:
+def test_operator_runs_rlkube_operator_under_the_images_entrypoint() -> None:
     container = operator_container(render(DEFAULT))
     assert "command" not in container, "the image's entrypoint (tini -- rlkube) must stay"
-    assert container["args"] == ["operator", "--standalone", "--all-namespaces"]
+    assert container["args"] == ["operator"]
 
 
-def test_namespaced_mode_passes_each_watched_namespace_to_kopf_and_the_operator() -> None:
+def test_namespaced_mode_tells_the_operator_each_watched_namespace() -> None:
     objects = render(NAMESPACED)
-    assert operator_container(objects)["args"] == [
-        "operator",
-        "--standalone",
-        "--namespace=team-a",
-        "--namespace=team-b",
-    ]
-    assert operator_env(objects)["RLKUBE_OPERATOR_WATCH_NAMESPACES"] == "team-a,team-b"
-    assert operator_env(render(DEFAULT))["RLKUBE_OPERATOR_WATCH_NAMESPACES"] == ""
+    assert operator_container(objects)["args"] == ["operator"]
+    assert operator_env(objects)["RLKUBE_WATCH_NAMESPACES"] == "team-a,team-b"
+    assert operator_env(render(DEFAULT))["RLKUBE_WATCH_NAMESPACES"] == ""
 
 
-def test_extra_kopf_args_come_after_the_charts_own() -> None:
-    assert operator_container(render(EVERYTHING))["args"][-1] == "--log-format=json"
+def test_extra_operator_args_come_after_the_charts_own() -> None:
+    assert operator_container(render(EVERYTHING))["args"] == ["operator", "--verbose"]
 
 
 def test_operator_endpoint_port_is_the_contract_port_and_probes_use_it() -> None:
     container = operator_container(render(DEFAULT))
     (port,) = container["ports"]
     assert port == {"name": "metrics", "containerPort": contract.OPERATOR_METRICS_PORT, "protocol": "TCP"}
-    assert operator_env(render(DEFAULT))["RLKUBE_OPERATOR_METRICS_PORT"] == str(
-        contract.OPERATOR_METRICS_PORT
-    )
+    assert operator_env(render(DEFAULT))["RLKUBE_METRICS_PORT"] == str(contract.OPERATOR_METRICS_PORT)
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     service = only(render(DEFAULT), "Service")
@@ -133,7 +126,7 @@ def test_operator_runs_as_non_root_with_a_read_only_root_and_no_capabilities() -
     pod = only(render(DEFAULT), "Deployment")["spec"]["template"]["spec"]
     container = operator_container(render(DEFAULT))
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] == 10001  # the Dockerfile's user
+    assert pod["securityContext"]["runAsUser"] == contract.IMAGE_USER_ID  # the Dockerfile's user
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
@@ -148,15 +141,15 @@ def test_operator_runs_as_non_root_with_a_read_only_root_and_no_capabilities() -
 def test_operator_settings_reach_the_operator_as_env() -> None:
     env = operator_env(render(DEFAULT))
     assert env["RLKUBE_OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-    assert env["RLKUBE_OPERATOR_DEFAULT_IMAGE"] == "rlkube:0.1.0"  # the operator's own image
-    assert env["RLKUBE_OPERATOR_NETWORK_POLICY"] == "false"
-    assert env["RLKUBE_OPERATOR_LOG_LEVEL"] == "info"
-    labels = json.loads(env["RLKUBE_OPERATOR_SELECTOR_LABELS"])
+    assert env["RLKUBE_DEFAULT_IMAGE"] == "rlkube:0.1.0"  # the operator's own image
+    assert env["RLKUBE_NETWORK_POLICY"] == "false"
+    assert env["RLKUBE_LOG_LEVEL"] == "info"
+    labels = json.loads(env["RLKUBE_OPERATOR_POD_LABELS"])
     assert labels == only(render(DEFAULT), "Deployment")["spec"]["selector"]["matchLabels"]
     everything = operator_env(render(EVERYTHING))
-    assert everything["RLKUBE_OPERATOR_NETWORK_POLICY"] == "true"
-    assert everything["RLKUBE_OPERATOR_LOG_LEVEL"] == "debug"
-    assert everything["EXTRA"] == "1"
+    assert everything["RLKUBE_NETWORK_POLICY"] == "true"
+    assert everything["RLKUBE_LOG_LEVEL"] == "debug"
+    assert everything["RLKUBE_STATUS_INTERVAL"] == "10"
 
 
 def test_default_pod_settings_are_valid_trainer_and_evaluator_sections_of_an_rljob() -> None:
@@ -177,7 +170,7 @@ def test_gpu_values_ask_one_gpu_per_train_pod_and_tolerate_gpu_taints() -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in trainer.tolerations
     assert "nvidia.com/gpu" not in settings["evaluator"]["resources"].get("limits", {})
     env = operator_env(render(GPU))
-    assert env["RLKUBE_OPERATOR_DEFAULT_IMAGE"].endswith("-cuda")
+    assert env["RLKUBE_DEFAULT_IMAGE"].endswith("-cuda")
     assert (
         only(render(GPU), "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
         == "rlkube:0.1.0"
@@ -260,7 +253,7 @@ def test_notes_tell_the_next_commands(tmp_path: Path) -> None:
     assert "kubectl apply -f examples/rljob-kind.yaml" in notes
     assert "kubectl wait --for=condition=Complete rlj/cartpole-kind" in notes
     assert "kubectl scale rlj/cartpole-kind --replicas=4" in notes
-    assert "kubectl apply --server-side -f charts/rlkube/crds/" in notes
+    assert "kubectl apply --server-side --force-conflicts -f charts/rlkube/crds/" in notes
     assert "all namespaces" in notes
     namespaced = _render_notes(tmp_path / "ns", NAMESPACED)
     assert "the namespaces team-a, team-b" in namespaced

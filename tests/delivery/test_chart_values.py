@@ -35,6 +35,10 @@ BAD_VALUES = [
     ("jobDefaults.trainer.tolerations[0].operator=Maybe", "jobDefaults.trainer.tolerations.0.operator"),
     ("jobDefaults.trainer.nodeSelector.gpu=true", "jobDefaults.trainer.nodeSelector.gpu"),
     ("nameOverride=Not_A_Name", "nameOverride"),
+    # The operator would refuse these at start (RLKUBE_DEFAULT_POD_SETTINGS); helm refuses them first.
+    ("jobDefaults.trainer.env[0].name=RLKUBE_ROLE", "jobDefaults.trainer.env.0.name"),
+    ("jobDefaults.evaluator.env[0].name=MASTER_ADDR", "jobDefaults.evaluator.env.0.name"),
+    ("jobDefaults.trainer.backend=nccl", "backend"),
 ]
 
 
@@ -91,3 +95,16 @@ def test_every_top_and_second_level_key_in_values_yaml_has_a_comment() -> None:
 
 def test_default_values_render() -> None:
     assert helm(*template_args(DEFAULT)).stdout
+
+
+def test_job_env_names_the_schema_refuses_are_the_env_contracts() -> None:
+    from rlkube import contract
+    from rlkube.spec import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
+
+    refused = re.compile(SCHEMA["definitions"]["jobEnvList"]["items"]["properties"]["name"]["not"]["pattern"])
+    for name in (*RESERVED_ENV_NAMES, *(p + "X" for p in RESERVED_ENV_PREFIXES)):
+        assert refused.search(name), name
+    for var in contract.ENV_CONTRACT:
+        assert refused.search(var.name), var.name
+    for name in ("NCCL_DEBUG", "OMP_NUM_THREADS", "MY_RANK", "RANKS"):
+        assert not refused.search(name), name

@@ -231,3 +231,45 @@ def test_image_installs_the_torch_release_the_project_pins() -> None:
     pinned = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
     assert pinned
     assert args["TORCH_VERSION"] == pinned[1]
+
+
+# --- the image and what runs in it -------------------------------------------------------------
+
+
+def test_the_image_and_the_operators_pods_agree_on_user_entrypoint_and_paths() -> None:
+    from rlkube import contract
+    from rlkube.cli import parse_args
+    from rlkube.spec import parse_job
+    from rlkube_operator.render import render
+    from rlkube_operator.settings import RenderSettings
+
+    (user,) = FINAL.values("USER")
+    assert user == f"{contract.IMAGE_USER_ID}:{contract.IMAGE_GROUP_ID}"
+    runs = " ".join(FINAL.values("RUN"))
+    assert f"--gid {contract.IMAGE_GROUP_ID}" in runs
+    # Directories the pods write to exist in the image, owned by its user (volumes cover them in pods).
+    made = re.search(r"install -d -o rlkube -g rlkube ([^&]+)", runs)
+    assert made
+    assert {contract.RUN_DIR, contract.JOB_CONFIG_PATH.rsplit("/", 1)[0]} <= set(made[1].split())
+    (entrypoint,) = FINAL.values("ENTRYPOINT")
+    assert entrypoint.endswith('"rlkube"]')
+    job = parse_job({"metadata": {"name": "j"}, "spec": {"env": {"id": "CartPole-v1"}}})
+    for obj in render(job, RenderSettings()):
+        if obj["kind"] == "StatefulSet":
+            (container,) = obj["spec"]["template"]["spec"]["containers"]
+            assert "command" not in container
+            assert parse_args(container["args"]).command == "pod"
+
+
+def test_versions_agree_between_the_package_the_chart_and_the_operators_default_image() -> None:
+    import tomllib
+
+    import yaml
+    from rlkube import __version__
+    from rlkube_operator.settings import RenderSettings
+
+    chart = yaml.safe_load((ROOT / "charts" / "rlkube" / "Chart.yaml").read_text())
+    package = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # `make image` tags rlkube:<pyproject version>; the chart's default image is rlkube:<appVersion>.
+    assert chart["appVersion"] == package == __version__
+    assert RenderSettings().default_image == f"rlkube:{chart['appVersion']}"

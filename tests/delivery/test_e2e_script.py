@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from rlkube.spec import parse_job
+from rlkube_operator.crd import PRINTER_COLUMNS
+from rlkube_operator.render import render
+from rlkube_operator.settings import RenderSettings
+from rlkube_operator.status import ConditionType
 
 from tests.delivery.chart import ROOT, tool
 
 SCRIPT = ROOT / "e2e" / "run.sh"
 TOOLS = ("docker", "kind", "kubectl", "helm")
+#: Every optional check except SC2250 (braces around every variable) and SC2312 (no $(...) as an argument).
+SHELLCHECK_ARGS = ["--severity=style", "--enable=all", "--exclude=SC2250,SC2312"]
 
 #: What a run does, in order (each is a substring of a printed line).
 STEPS = [
@@ -34,7 +42,7 @@ STEPS = [
     "check: train pods kept their UIDs and restart counts",
     "check: the train StatefulSet's spec was not changed",
     "get rlj cartpole-kind",
-    "check: column PHASE",
+    "check: the columns are NAME PHASE",
     "wait --for=condition=Complete rlj/cartpole-kind --timeout=30m",
     "delete rlj/cartpole-kind",
     "check: no child of the job is left",
@@ -42,6 +50,30 @@ STEPS = [
     "dry run: nothing was run",
     "+ kind delete cluster --name rlkube-e2e",
 ]
+
+
+def script_variable(name: str) -> str:
+    found = re.search(rf'^{name}="(.*)"$', SCRIPT.read_text(), re.M)
+    assert found, f"{name} is not set in {SCRIPT}"
+    return found[1]
+
+
+def test_the_columns_the_script_expects_are_the_crds_printer_columns() -> None:
+    assert script_variable("COLUMNS").split() == [column["name"].upper() for column in PRINTER_COLUMNS]
+
+
+def test_the_children_the_script_expects_gone_are_those_the_operator_creates() -> None:
+    job = parse_job(yaml.safe_load((ROOT / "examples" / "rljob-kind.yaml").read_text()))
+    # The chart's defaults: no per-job NetworkPolicy.
+    rendered = [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in render(job, RenderSettings())]
+    children = script_variable("CHILDREN").replace("$JOB", job.name).split()
+    assert children == rendered
+
+
+def test_the_script_waits_only_for_conditions_the_operator_sets() -> None:
+    waited = set(re.findall(r"--for=condition=(\w+)", SCRIPT.read_text()))
+    assert waited - {"Established"} <= {c.value for c in ConditionType}
+    assert {"Running", "Complete"} <= waited
 
 
 def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -57,7 +89,7 @@ def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 def test_script_is_shellcheck_clean() -> None:
     result = subprocess.run(
-        [tool("shellcheck"), "--severity=style", "--enable=all", "--exclude=SC2250,SC2312", str(SCRIPT)],
+        [tool("shellcheck"), *SHELLCHECK_ARGS, str(SCRIPT)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -175,7 +207,7 @@ def test_a_healthy_run_passes_and_deletes_its_cluster(tmp_path: Path) -> None:
     ("scenario", "failure"),
     [
         ("train-restarted", "train pods kept their UIDs and restart counts"),
-        ("missing-column", "column RETURN"),
+        ("missing-column", "the columns are NAME PHASE TRAIN EVAL EPOCH WEIGHTS RETURN AGE"),
         ("finished-early", "the job is still training"),
         ("children-left", "no child of the job is left (left: statefulset.apps/cartpole-kind-train"),
     ],

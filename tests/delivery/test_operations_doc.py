@@ -6,12 +6,30 @@ import re
 
 import yaml
 from rlkube import contract
-from rlkube.spec import API_GROUP, API_VERSION, KIND
+from rlkube.spec import API_GROUP, API_VERSION, KIND, WeightStrategy
+from rlkube_operator.reconcile import EventReason
+from rlkube_operator.settings import ENV_VARS
+from rlkube_operator.status import ConditionType, Reason
 
 from tests.delivery.chart import DEFAULT, KUBERNETES_VERSIONS, ROOT, find, kubernetes_problems, only, render
 
 DOC = (ROOT / "docs" / "operations.md").read_text()
-CONDITION_TYPES = ("Suspended", "TrainReady", "EvalAvailable", "Running", "Restarting", "Complete", "Failed")
+TROUBLESHOOTING = DOC.split("## Troubleshooting by condition", 1)[1].split("\n## ", 1)[0]
+
+
+def table_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of the Markdown table that starts with ``header``."""
+    lines = text.split(header, 1)[1].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def ticked(cell: str) -> set[str]:
+    return set(re.findall(r"`([^`]+)`", cell))
 
 
 def yaml_blocks() -> list[dict]:
@@ -37,12 +55,34 @@ def test_every_manifest_in_the_doc_is_valid_kubernetes() -> None:
         assert not problems, "\n".join(problems)
 
 
-def test_doc_explains_every_condition_type_in_the_troubleshooting_table() -> None:
-    table = DOC.split("## Troubleshooting by condition", 1)[1]
-    for condition in CONDITION_TYPES:
-        assert f"| `{condition}` |" in table, condition
-    for reason in ("InvalidSpec", "BackoffLimitExceeded", "DeadlineExceeded"):
-        assert f"reason `{reason}`" in table, reason
+def test_troubleshooting_table_has_exactly_the_operators_condition_types_in_order() -> None:
+    rows = table_rows(TROUBLESHOOTING, "| type | True means | reasons | what to do |")
+    assert [row[0] for row in rows] == [f"`{c.value}`" for c in ConditionType]
+
+
+def test_every_reason_the_operator_sets_is_documented_and_every_documented_reason_exists() -> None:
+    rows = table_rows(TROUBLESHOOTING, "| type | True means | reasons | what to do |")
+    in_table = set().union(*(ticked(row[2]) for row in rows))
+    operator = {r.value for r in Reason}
+    assert in_table == operator, f"undocumented: {operator - in_table}; unknown: {in_table - operator}"
+    mentioned = set(re.findall(r"reason `(\w+)`", DOC))
+    assert mentioned <= operator | {e.value for e in EventReason}, mentioned - operator
+
+
+def test_every_event_reason_the_operator_posts_is_documented() -> None:
+    rows = table_rows(TROUBLESHOOTING, "| reason | type | when |")
+    assert {row[0].strip("`") for row in rows} == {e.value for e in EventReason}
+
+
+def test_every_operator_variable_named_in_the_doc_is_one() -> None:
+    known = set(ENV_VARS) | {var.name for var in contract.ENV_CONTRACT}
+    named = set(re.findall(r"\bRLKUBE_[A-Z_]+\b", DOC))
+    assert named <= known, f"not operator settings or env contract names: {sorted(named - known)}"
+
+
+def test_pod_security_table_covers_every_weight_strategy() -> None:
+    rows = table_rows(DOC, "| strategy | eval pods' weight buffer | Pod Security level |")
+    assert set().union(*(ticked(row[0]) for row in rows)) == {s.value for s in WeightStrategy}
 
 
 def test_doc_says_how_to_upgrade_the_crd_that_helm_does_not() -> None:

@@ -29,6 +29,7 @@ def test_every_variable_is_read() -> None:
         "RLKUBE_IMAGE_PULL_POLICY": "Always",
         "RLKUBE_GPU_TOLERATIONS": "[]",
         "RLKUBE_DEFAULT_NODE_SELECTOR": '{"pool": "rl"}',
+        "RLKUBE_DEFAULT_POD_SETTINGS": '{"evaluator": {"resources": {"requests": {"cpu": "250m"}}}}',
         "RLKUBE_TRAIN_GRACE_SECONDS": "10",
         "RLKUBE_EVAL_GRACE_SECONDS": "20",
         "RLKUBE_TRAIN_SHM_SIZE": "1Gi",
@@ -52,6 +53,7 @@ def test_every_variable_is_read() -> None:
     r = s.render
     assert (r.default_image, r.image_pull_policy, r.gpu_tolerations) == ("me/rl:2", "Always", ())
     assert dict(r.default_node_selector) == {"pool": "rl"}
+    assert r.pod_defaults.evaluator.resources.requests == {"cpu": "250m"}
     assert (r.train_grace_seconds, r.eval_grace_seconds, r.train_shm_size) == (10, 20, "1Gi")
     assert r.network_policy
     assert (r.operator_namespace, dict(r.operator_pod_labels)) == ("ops", {"app": "op"})
@@ -71,6 +73,7 @@ def test_bad_values_are_all_named_at_once() -> None:
                 "RLKUBE_IMAGE_PULL_POLICY": "Sometimes",
                 "RLKUBE_NETWORK_POLICY": "maybe",
                 "RLKUBE_COORDINATOR_ADDRESS": "{host}:1",
+                "RLKUBE_DEFAULT_POD_SETTINGS": '{"trainer": {"replicas": 2}}',
             }
         )
     text = str(caught.value)
@@ -80,6 +83,7 @@ def test_bad_values_are_all_named_at_once() -> None:
         "RLKUBE_IMAGE_PULL_POLICY",
         "RLKUBE_NETWORK_POLICY",
         "RLKUBE_COORDINATOR_ADDRESS",
+        "RLKUBE_DEFAULT_POD_SETTINGS: trainer.replicas",
     ):
         assert name in text
 
@@ -151,3 +155,33 @@ def test_operator_command_refuses_bad_settings(
     monkeypatch.setenv("RLKUBE_WORKERS", "none")
     assert operator_command(argparse.Namespace(kopf_args=[])) == 2
     assert "RLKUBE_WORKERS" in capsys.readouterr().err
+
+
+def test_rlkube_operator_passes_its_options_to_the_operators_parser() -> None:
+    from rlkube.cli import parse_args
+    from rlkube_operator.cli import parse_operator_args
+
+    for argv in (["operator", "-A", "--verbose"], ["operator", "--verbose", "-A"]):
+        options = parse_operator_args(parse_args(argv).kopf_args)
+        assert options.all_namespaces
+        assert options.verbose
+    options = parse_operator_args(parse_args(["operator", "--namespace=a", "-n", "b"]).kopf_args)
+    assert options.namespace == ["a", "b"]
+
+
+def test_settings_the_operator_does_not_know_are_named() -> None:
+    from rlkube_operator.settings import unknown_variables
+
+    environ = {"RLKUBE_OPERATOR_LOG_LEVEL": "debug", "RLKUBE_LOG_LEVEL": "debug", "HOME": "/home/rlkube"}
+    assert unknown_variables(environ) == ["RLKUBE_OPERATOR_LOG_LEVEL"]
+
+
+def test_operator_command_warns_about_unknown_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlkube_operator.cli import operator_command
+
+    monkeypatch.setenv("RLKUBE_OPERATOR_METRICS_PORT", "8080")
+    monkeypatch.setattr("kopf.run", lambda **_: None)
+    assert operator_command(argparse.Namespace(kopf_args=[])) == 0
+    assert "ignoring RLKUBE_OPERATOR_METRICS_PORT: not an operator setting" in capsys.readouterr().err

@@ -151,9 +151,11 @@ def test_backend_is_gloo_without_gpus_and_nccl_with_them() -> None:
     assert env_of(r.render_train_statefulset(gpu, SETTINGS))["RLKUBE_BACKEND"] == "nccl"
 
 
-def test_pods_run_the_rlkube_pod_entrypoint_with_the_default_image() -> None:
+def test_pods_run_rlkube_pod_under_the_images_entrypoint_with_the_default_image() -> None:
     container = r.render_eval_statefulset(job(), SETTINGS)["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["rlkube", "pod"]
+    # args, not command: the image's ENTRYPOINT (tini -- rlkube) stays, so tini is PID 1.
+    assert container["args"] == ["pod"]
+    assert "command" not in container
     assert container["image"] == "rlkube:test"
     assert (
         r.render_eval_statefulset(job(image="me/rl:1"), SETTINGS)["spec"]["template"]["spec"]["containers"][

@@ -8,10 +8,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from rlkube.spec import parse_job
+from rlkube_operator.defaults import parse_pod_defaults
 from rlkube_operator.render import render
 from rlkube_operator.settings import RenderSettings
 
 from tests.conftest import MINIMAL_JOB
+from tests.render.gpu_defaults import GPU_DEFAULTS
 
 VERSIONS = [f"1.{minor}.0" for minor in range(29, 36)]
 
@@ -46,6 +48,8 @@ CASES = {
     "full": FULL_SPEC,
     "shared": {"policy": {"weightBuffer": {"strategy": "Shared"}}},
     "none": {"policy": {"weightBuffer": {"strategy": "None"}}},
+    # Rendered under the operator's per-role pod defaults (tests/render/test_pod_defaults.py).
+    "defaults": {"trainer": {"resources": {"requests": {"memory": "8Gi"}}}},
 }
 
 
@@ -57,7 +61,8 @@ def objects(case: str) -> list[dict[str, Any]]:
         "uid": "6d1c5c2e-1111-4d7e-9a4e-1f0000000001",
     }
     document["spec"].update(copy.deepcopy(CASES[case]))
-    settings = RenderSettings(network_policy=True, train_shm_size="2Gi")
+    defaults = parse_pod_defaults(GPU_DEFAULTS if case == "defaults" else {})
+    settings = RenderSettings(network_policy=True, train_shm_size="2Gi", pod_defaults=defaults)
     return render(parse_job(document), settings)
 
 

@@ -1,0 +1,49 @@
+"""`make lint` runs every linter the Makefile's header promises, with the options the tests use."""
+
+from __future__ import annotations
+
+import re
+
+from tests.delivery.chart import ROOT
+from tests.delivery.test_e2e_script import SHELLCHECK_ARGS
+from tests.delivery.test_examples import YAML_FILES
+
+MAKEFILE = (ROOT / "Makefile").read_text()
+
+
+def recipe(target: str) -> list[str]:
+    found = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", MAKEFILE, re.M)
+    assert found, f"no {target} target"
+    return [line.strip() for line in found[1].splitlines()]
+
+
+def variable(name: str) -> list[str]:
+    found = re.search(rf"^{name} :=((?:.*\\\n)*.*)$", MAKEFILE, re.M)
+    assert found, f"no {name} variable"
+    return found[1].replace("\\\n", " ").split()
+
+
+def test_lint_runs_every_linter_the_header_names() -> None:
+    header = next(line for line in MAKEFILE.splitlines() if line.startswith("#   make lint"))
+    assert header.split("make lint", 1)[1].split() == [
+        "ruff,",
+        "import",
+        "layers,",
+        "yamllint,",
+        "shellcheck,",
+        "hadolint",
+    ]
+    lines = recipe("lint")
+    for tool in ("ruff check", "ruff format --check", "lint-imports", "yamllint", "shellcheck", "hadolint"):
+        assert any(f"/bin/{tool}" in line for line in lines), tool
+
+
+def test_make_test_runs_lint_then_pytest() -> None:
+    lines = recipe("test")
+    assert "lint" in lines[0]
+    assert any("pytest" in line for line in lines[1:])
+
+
+def test_lint_checks_the_files_and_options_the_tests_check() -> None:
+    assert [str(ROOT / p) for p in variable("DELIVERY_YAML")] == [str(p) for p in YAML_FILES]
+    assert variable("SHELLCHECK_ARGS") == SHELLCHECK_ARGS
