@@ -46,7 +46,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         (with_spec(env={"id": "CartPol-v1"}), [], "spec.env.id: got 'CartPol-v1'"),
         (with_spec(policy={"type": "PPO", "algoCfg": {"gamma": 3}}), [], "spec.policy.algoCfg.gamma: got 3"),
         (tiny_document(), ["--set", "spec.train.batchSize=many"], "spec.train.batchSize: got 'many'"),
-        (with_spec(engine="async"), [], "spec.engine: got 'async'"),
+        (with_spec(engine="async"), ["--in-process"], "spec.engine: got 'async'"),
     ],
 )
 def test_a_bad_job_exits_2_naming_the_field_and_starts_nothing(

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.report import RunSummary
 from rlkube.engine.run_paths import RunPaths
 from rlkube.jobfile import dump_job
@@ -90,6 +91,13 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
         from rlkube.launch.run import _fresh_run_dir
 
         paths = _fresh_run_dir(job.name)
+    done = CheckpointStore(paths.checkpoints).completion()
+    if done is not None:
+        fields = {name: done[name] for name in RunSummary.__dataclass_fields__ if name in done}
+        from rlkube.launch.run import _print_result
+
+        _print_result(RunSummary(**{**fields, "already_complete": True}), paths, args.summary)
+        return 0
     paths.create()
     paths.job.write_text(dump_job(job))
     nodes = max(1, int(args.nodes))

@@ -27,7 +27,7 @@ from rlkube.engine.run_paths import RunPaths
 from rlkube.envs.group import EnvError, check_env_id
 from rlkube.jobfile import dump_job, load_job
 from rlkube.launch.progress import LiveProgress, PlainProgress
-from rlkube.policy.base import BasePolicy
+from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.policy.registry import POLICIES, import_modules
 from rlkube.spec import RLJob, SpecError
 
@@ -67,7 +67,15 @@ def main(args: argparse.Namespace) -> int:
     try:
         policy_cls = resolve_policy(job)
         check_env_id(job.spec.env.id, job.spec.env.imports)
-    except (ImportError, KeyError, EnvError) as exc:
+        # Constructing a policy validates its own settings (e.g. PPO's algoCfg) without building networks.
+        policy_cls(job.spec.policy, PolicyRole.TRAIN)
+    except SpecError as exc:
+        print(
+            f"rlkube: invalid job {args.job}:\n" + "\n".join(f"  - {p}" for p in exc.problems),
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    except (ImportError, KeyError, EnvError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"rlkube: invalid job {args.job}:\n  - {message}", file=sys.stderr)
         return EXIT_INVALID
