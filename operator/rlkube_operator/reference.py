@@ -163,7 +163,8 @@ def _pods_section() -> list[str]:
         f"- Pod securityContext `{json.dumps(render.POD_SECURITY_CONTEXT)}`; the rlkube container",
         f"  `{json.dumps(render.CONTAINER_SECURITY_CONTEXT)}`. Pod Security `restricted` admits the pods of",
         "  the `Double` and `None` weight strategies.",
-        "- `Shared` and `Sharded` mount a hostPath per job on each node (Pod Security `baseline` forbids",
+        "- `Shared` and `Sharded` mount a hostPath per job on each node into train and eval pods "
+        "(train rank 0 writes its node's buffer directly; Pod Security `baseline` forbids",
         f"  it); the init container `{render.WEIGHTS_DIR_INIT}` (root, only CAP_CHOWN) hands it to uid",
         f"  {contract.IMAGE_USER_ID} first.",
         "- RLKUBE_DEFAULT_POD_SETTINGS merged under the job's own `spec.trainer` / `spec.evaluator`",

@@ -357,11 +357,13 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
             shm["sizeLimit"] = settings.train_shm_size
         volumes.append({"name": "dshm", "emptyDir": shm})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    else:
-        weights = _weight_volume(job)
-        if weights is not None:
-            volumes.append(weights)
-            mounts.append({"name": "weights", "mountPath": c.SHM_DIR})
+    # Eval pods read their weight buffer here. With a per-node buffer (Shared, Sharded) train pods
+    # mount the node's directory too: rank 0 then writes the slots of its node directly, and the
+    # eval pods beside it skip the network (other ranks use a private subdirectory).
+    weights = _weight_volume(job) if role is Role.EVAL or _host_path_weights(job) else None
+    if weights is not None:
+        volumes.append(weights)
+        mounts.append({"name": "weights", "mountPath": c.SHM_DIR})
 
     image = job.spec.image or settings.default_image
     container: dict[str, Any] = {
@@ -389,7 +391,7 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
             settings.train_grace_seconds if role is Role.TRAIN else settings.eval_grace_seconds
         ),
     }
-    if role is Role.EVAL and _host_path_weights(job):
+    if _host_path_weights(job):
         spec["initContainers"] = [_weights_dir_init(image, pull)]
     node_selector = {**settings.default_node_selector, **pod.node_selector}
     if node_selector:

@@ -38,16 +38,16 @@ def test_in_memory_strategies_meet_pod_security_restricted(strategy: str) -> Non
 
 @pytest.mark.parametrize("strategy", ["Shared", "Sharded"])
 def test_host_path_strategies_need_a_namespace_that_allows_host_path(strategy: str) -> None:
-    rendered = pods(strategy)
-    assert restricted_violations(rendered["train"]) == []
-    assert baseline_violations(rendered["eval"]) == ["baseline: hostPath volume weights"]
-    assert restricted_violations(rendered["eval"]) == [
-        "baseline: hostPath volume weights",
-        "restricted: volume type hostPath",
-        f"restricted: {r.WEIGHTS_DIR_INIT} runAsNonRoot is not true",
-        f"restricted: {r.WEIGHTS_DIR_INIT} runAsUser 0",
-        f"restricted: {r.WEIGHTS_DIR_INIT} adds ['CHOWN']",
-    ]
+    # Both roles mount the node's weight directory (rank 0 writes it, eval pods read it).
+    for role, pod in pods(strategy).items():
+        assert baseline_violations(pod) == ["baseline: hostPath volume weights"], role
+        assert restricted_violations(pod) == [
+            "baseline: hostPath volume weights",
+            "restricted: volume type hostPath",
+            f"restricted: {r.WEIGHTS_DIR_INIT} runAsNonRoot is not true",
+            f"restricted: {r.WEIGHTS_DIR_INIT} runAsUser 0",
+            f"restricted: {r.WEIGHTS_DIR_INIT} adds ['CHOWN']",
+        ], role
 
 
 @pytest.mark.parametrize("role", ["train", "eval"])
