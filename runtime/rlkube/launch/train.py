@@ -105,7 +105,7 @@ def advertised(env: PodEnv) -> str:
     return f"{rank_host(env, env.rank)}:{env.weight_port}"
 
 
-def open_publisher(job: RLJob, env: PodEnv) -> WeightPublisher:
+def open_publisher(job: RLJob, env: PodEnv, *, incarnation: str | None = None) -> WeightPublisher:
     """This rank's weight publisher, serving on the weight port.
 
     Rank 0 writes the node's shared buffer directory, so eval pods on its node read the slots
@@ -121,6 +121,7 @@ def open_publisher(job: RLJob, env: PodEnv) -> WeightPublisher:
             listen=f"0.0.0.0:{env.weight_port}",
             advertise=advertised(env),
             chunk_bytes=job.spec.policy.weight_buffer.chunk_bytes,
+            incarnation=incarnation,
         )
         try:
             return WeightPublisher(config).connect()
@@ -145,6 +146,8 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         paths.create()
         done = CheckpointStore(paths.checkpoints).completion()
         coordinator = Coordinator(job, world_size=env.world_size)
+        if publisher is not None:  # one incarnation for this run of rank 0: weights, registrations, status
+            coordinator.incarnation = publisher.incarnation
         server = CoordinatorServer(
             coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late]
         ).start()
@@ -176,11 +179,13 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         policy = policy_cls(job.spec.policy, PolicyRole.TRAIN)
         policy.init_train(job.spec.train, env_meta=env_meta(job))
         channel = RankChannel()
-        addresses = channel.gather(advertised(env))
+        # Every rank serves its copy (Sharded receivers fetch ranges from all of them), under rank 0's
+        # incarnation: fetches name (incarnation, version).
+        ranks = channel.gather((advertised(env), publisher.incarnation if publisher is not None else ""))
         if publisher is None:
-            publisher = open_publisher(job, env)
-        if env.rank == 0:  # every rank serves its copy; Sharded receivers fetch ranges from all of them
-            peers = tuple(address for rank, address in enumerate(addresses) if rank != 0)
+            publisher = open_publisher(job, env, incarnation=ranks[0][1])
+        if env.rank == 0:
+            peers = tuple(address for rank, (address, _) in enumerate(ranks) if rank != 0)
             publisher.config = replace(publisher.config, peers=peers)
         ctx = TrainContext(
             job=job,
@@ -196,7 +201,6 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         if env.rank == 0:
             assert coordinator is not None
             late.inner = weight_store_handler(publisher.board)
-            coordinator.incarnation = publisher.incarnation
             ENGINES[job.spec.engine](ctx).run()
         else:
             follow(ctx)
