@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,13 @@ from tests.operator.emulator.store import WatchEvent
 from tests.operator.harness import ROOT
 
 _COUNTER = itertools.count()
+
+
+@dataclass(frozen=True)
+class Seen:
+    at: float  # time.monotonic() when stored
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: dict[str, Any]
 
 
 @dataclass
@@ -39,13 +47,13 @@ class Box:
         """The directory of PersistentVolumeClaim ``name``."""
         return self.workdir / "claims" / namespace / name
 
-    def record(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
-        """From now on, (event type, object) of every write of ``kind`` objects, in order."""
-        seen: list[tuple[str, dict[str, Any]]] = []
+    def record(self, kind: str) -> list[Seen]:
+        """From now on, every write of ``kind`` objects as the API server stored it, in order."""
+        seen: list[Seen] = []
 
         def listen(rtype: Any, event: WatchEvent) -> None:
             if rtype.kind == kind:
-                seen.append((event.type, event.obj))
+                seen.append(Seen(time.monotonic(), event.type, event.obj))
 
         self.cluster.call(lambda: self.cluster.store_call().listeners.append(listen))
         return seen

@@ -122,9 +122,9 @@ def test_an_exiting_container_restarts_with_growing_back_off_and_is_counted(box:
     assert status["lastState"]["terminated"]["reason"] == "Error"
     assert live["status"]["phase"] == "Running"  # restartPolicy Always: the pod stays, its container restarts
     reasons = [
-        e[1]["status"]["containerStatuses"][0]["state"].get("waiting", {}).get("reason")
+        e.obj["status"]["containerStatuses"][0]["state"].get("waiting", {}).get("reason")
         for e in history
-        if e[1]["metadata"]["name"] == "crash-0" and e[1].get("status", {}).get("containerStatuses")
+        if e.obj["metadata"]["name"] == "crash-0" and e.obj.get("status", {}).get("containerStatuses")
     ]
     assert "CrashLoopBackOff" in reasons
     log = box.kubelet.log_path(k.namespace, "crash-0")
