@@ -127,11 +127,28 @@ def test_an_exiting_container_restarts_with_growing_back_off_and_is_counted(box:
         if e.obj["metadata"]["name"] == "crash-0" and e.obj.get("status", {}).get("containerStatuses")
     ]
     assert "CrashLoopBackOff" in reasons
-    log = box.kubelet.log_path(k.namespace, "crash-0")
-    assert log is not None
-    delays = [float(d) for d in re.findall(r"restarting in ([\d.]+)s", log.read_text())]
+    events = json.loads(k("get", "events", "-o", "json").stdout)["items"]
+    events.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))  # in the order they were posted
+    back_offs = [
+        e["message"] for e in events if e["involvedObject"]["name"] == "crash-0" and e["reason"] == "BackOff"
+    ]
+    delays = [float(re.match(r"Back-off ([\d.]+)s", m)[1]) for m in back_offs]
     assert delays[:3] == [0.5, 1.0, 2.0]  # doubling from BackOff.initial, capped at BackOff.cap
     assert all(d == 2.0 for d in delays[3:])
+    assert all("exit code 3" in m for m in back_offs)
+    # kubectl logs: the container now and the one before its last restart.
+    assert k("logs", "crash-0").stdout == "bye\n"
+    assert k("logs", "crash-0", "--previous").stdout == "bye\n"
+
+
+def test_kubectl_logs_follows_a_container_until_it_ends(box: Box, k: Kubectl) -> None:
+    script = "import time; print('one', flush=True); time.sleep(1); print('two', flush=True); time.sleep(1)"
+    k.apply(statefulset("ticker", python_container(script)))
+    wait_for(lambda: (k.get("pod", "ticker-0") or {}).get("status", {}).get("phase") == "Running")
+    wait_for(lambda: k("logs", "ticker-0", check=False).returncode == 0, what="a log to read")
+    followed = k("logs", "-f", "ticker-0")  # returns when this container's process is replaced
+    assert followed.stdout.startswith("one\n")
+    assert followed.stdout.endswith("two\n")
 
 
 def test_scale_down_sends_sigterm_then_sigkill_after_the_grace_period(box: Box, k: Kubectl) -> None:

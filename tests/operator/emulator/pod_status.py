@@ -1,4 +1,4 @@
-"""A pod's status as a kubelet reports it, from what the process kubelet knows of its container.
+"""A pod's status and Events as a kubelet reports them, from what the process kubelet knows of its container.
 
 Pure: the caller passes the times (``times`` keeps each condition's last transition, and is
 updated in place so a condition's time changes only when its status does).
@@ -104,3 +104,40 @@ def pod_status(
             for c in init_containers
         ]
     return status
+
+
+def pod_event(
+    namespace: str,
+    pod: str,
+    uid: str,
+    kind: str,
+    reason: str,
+    message: str,
+    component: str,
+    node: str,
+    *,
+    stamp: str | None = None,
+) -> dict[str, Any]:
+    """A core/v1 Event about a pod (``kind``: Normal or Warning)."""
+    stamp = stamp or now_rfc3339()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{pod}."},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": namespace,
+            "name": pod,
+            "uid": uid,
+        },
+        "type": kind,
+        "reason": reason,
+        "message": message,
+        "source": {"component": component, **({"host": node} if component == "kubelet" else {})},
+        "reportingComponent": component,
+        "reportingInstance": node,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -9,9 +9,11 @@ pod that appears (the StatefulSet controller creates them) it
    (:func:`.controllers.pod_environment`), maps paths under its mounts to the volumes' directories
    and the job's service names and ports to this host's (:mod:`.podnet`);
 3. starts the container's command (the image entrypoint ``rlkube`` plus ``args``) as a process in a
-   session of its own, appending its output to ``<workdir>/logs/<ns>_<pod>_<uid>.log``;
+   session of its own, its output in ``<workdir>/logs/<ns>_<pod>_<uid>/<restart>.log`` (the
+   emulator serves it as ``pods/log``: ``kubectl logs [-f] [--previous]``);
 4. reports the pod through the status subresource: phase, the Ready condition, and a container
-   status with state, last state, ``restartCount`` and ``containerID: process://<pid>``.
+   status with state, last state, ``restartCount`` and ``containerID: process://<pid>``; and posts
+   the Events a kubelet posts (Scheduled, Started, BackOff, Killing, Failed).
 
 A container that exits is started again per ``restartPolicy`` (a StatefulSet's is Always) after
 a back-off (:class:`BackOff`, doubling: the kubelet's 10 s..5 min, shortened for tests), shown
@@ -52,7 +54,7 @@ from typing import Any
 from rlkube import contract
 
 from tests.operator.emulator.controllers import pod_environment
-from tests.operator.emulator.pod_status import ContainerView, pod_status
+from tests.operator.emulator.pod_status import ContainerView, pod_event, pod_status
 from tests.operator.emulator.podnet import JobPorts, ServiceProxy, cluster_addresses, proxy_socket
 from tests.operator.emulator.resources import ResourceType
 from tests.operator.emulator.sandbox import Node, PodSandbox, SandboxError, container_command
@@ -97,9 +99,10 @@ class PodRun:
     restart_policy: str
     grace: float
     job: str | None
-    log_path: Path
+    log_dir: Path
     start_time: str
     sandbox: PodSandbox | None = None
+    log_file: Path | None = None
     popen: subprocess.Popen[bytes] | None = None
     pid: int | None = None
     started_at: str = ""
@@ -228,11 +231,31 @@ class ProcessKubelet:
             for r in sorted(self.runs.values(), key=lambda r: not r.deleting)  # a live pod wins
         }
 
-    def log_path(self, namespace: str, name: str) -> Path | None:
-        found = sorted(
-            (self.workdir / "logs").glob(f"{namespace}_{name}_*.log"), key=lambda p: p.stat().st_mtime
-        )
-        return found[-1] if found else None
+    def container_log(self, pod: Mapping[str, Any], *, previous: bool = False) -> Path | None:
+        """The log file of the pod's container now (``previous``: before its last restart), if any.
+
+        The emulator serves it as ``pods/log`` (``kubectl logs [-f] [--previous]``).
+        """
+        run = self.runs.get(pod["metadata"].get("uid", ""))
+        if run is None or run.log_file is None:
+            return None
+        if not previous:
+            return run.log_file
+        earlier = run.log_dir / f"{int(run.log_file.stem) - 1}.log"
+        return earlier if earlier.exists() else None
+
+    def _event(
+        self, run: PodRun, kind: str, reason: str, message: str, *, component: str = "kubelet"
+    ) -> None:
+        """An Event about the pod, as the kubelet (or the scheduler) posts it (``kubectl describe pod``)."""
+        store, _ = self._api()
+        events = store.find("", "v1", "events")
+        assert events is not None
+        body = pod_event(run.namespace, run.name, run.uid, kind, reason, message, component, run.node.name)
+        try:
+            store.create(events, run.namespace, body)
+        except Exception as exc:  # e.g. the namespace is going away
+            logger.debug("event %s of %s/%s not stored: %s", reason, run.namespace, run.name, exc)
 
     def _api(self) -> tuple[Store, ResourceType]:
         assert self.store is not None, "the kubelet is not attached"
@@ -310,13 +333,15 @@ class ProcessKubelet:
             restart_policy=spec.get("restartPolicy", "Always"),
             grace=float(spec.get("terminationGracePeriodSeconds", 30)),
             job=(meta.get("labels") or {}).get(contract.LABEL_JOB),
-            log_path=self.workdir / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}.log",
+            log_dir=self.workdir / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}",
             start_time=now_rfc3339(),
         )
         if len(containers) != 1:
             run.waiting = ("CreateContainerConfigError", "the cluster-in-a-box runs one container per pod")
             run.next_start = None
         self.runs[run.uid] = run
+        message = f"Successfully assigned {run.namespace}/{run.name} to {node.name}"
+        self._event(run, "Normal", "Scheduled", message, component="default-scheduler")
 
     # One pod's life ------------------------------------------------------------------------------
 
@@ -353,8 +378,9 @@ class ProcessKubelet:
         delay = self.backoff.delay(run.failures)
         run.next_start = now + delay
         run.waiting = ("CrashLoopBackOff", f"back-off {delay:g}s restarting failed container")
-        with run.log_path.open("ab") as log:
-            log.write(f"==== {run.name} exited with {code}; restarting in {delay:g}s\n".encode())
+        self._event(
+            run, "Warning", "BackOff", f"Back-off {delay:g}s restarting failed container (exit code {code})"
+        )
 
     def _stopping(self, run: PodRun, now: float) -> None:
         if run.popen is None:
@@ -366,6 +392,7 @@ class ProcessKubelet:
             run.term_sent = True
             run.kill_at = now + min(run.grace, self.max_grace)
             _signal_group(run.popen.pid, signal.SIGTERM)
+            self._event(run, "Normal", "Killing", f"Stopping container {run.container.get('name', '')}")
         elif run.kill_at is not None and now >= run.kill_at:
             run.kill_at = None
             _signal_group(run.popen.pid, signal.SIGKILL)
@@ -382,13 +409,13 @@ class ProcessKubelet:
             run.failures += 1
             run.next_start = now + self.backoff.delay(run.failures)
             run.waiting = ("CreateContainerConfigError", str(exc))
+            self._event(run, "Warning", "Failed", f"Error: {exc}")
             return
         first = not run.started_at
-        with run.log_path.open("ab") as log:
-            restart = run.restarts + (not first)
-            stamp = time.strftime("%H:%M:%S")
-            log.write(f"==== {run.name} started at {stamp} on {run.node.name} (restart {restart})\n".encode())
-            log.flush()
+        restart = run.restarts + (not first)
+        run.log_dir.mkdir(parents=True, exist_ok=True)
+        log_file = run.log_dir / f"{restart}.log"  # as /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log
+        with log_file.open("ab") as log:
             try:
                 run.popen = subprocess.Popen(
                     command,
@@ -403,10 +430,14 @@ class ProcessKubelet:
                 run.failures += 1
                 run.next_start = now + self.backoff.delay(run.failures)
                 run.waiting = ("RunContainerError", f"{command[0]}: {exc}")
+                self._event(run, "Warning", "Failed", f"Error: {command[0]}: {exc}")
                 return
-        if not first:
-            run.restarts += 1
+        run.restarts = restart
+        run.log_file = log_file
         run.pid = run.popen.pid
+        self._event(
+            run, "Normal", "Started", f"Started container {run.container.get('name', '')} (pid {run.pid})"
+        )
         run.started_at = now_rfc3339()
         run.started_mono = now
 
