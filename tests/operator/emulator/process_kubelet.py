@@ -154,9 +154,8 @@ class ProcessKubelet:
         self.poll_interval = poll_interval
         self.python = python
         self.base_env = _base_env(os.environ if environ is None else environ)
+        self._socket_dir = socket_dir
         self._own_socket_dir = socket_dir is None
-        # unix socket paths must stay short (108 bytes): a directory of their own under /tmp
-        self.socket_dir = socket_dir if socket_dir is not None else Path(tempfile.mkdtemp(prefix="rlkbox"))
         self.shm_root: Path | None = None
         self.nodes: list[Node] = []
         self.runs: dict[str, PodRun] = {}
@@ -171,7 +170,16 @@ class ProcessKubelet:
 
     # Kubelet protocol --------------------------------------------------------------------------
 
+    @property
+    def socket_dir(self) -> Path:
+        """Where the coordinator proxies' unix sockets are (``<namespace>.<job>.sock``)."""
+        assert self._socket_dir is not None, "the kubelet makes its socket directory when attached"
+        return self._socket_dir
+
     def attach(self, store: Store) -> None:
+        if self._socket_dir is None:
+            # unix socket paths must stay short (108 bytes): a directory of their own under /tmp
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="rlkbox"))
         self.store = store
         self.pod_type = store.find("", "v1", "pods")
         shm_base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
@@ -207,8 +215,8 @@ class ProcessKubelet:
         if self.shm_root is not None:
             shutil.rmtree(self.shm_root, ignore_errors=True)
         shutil.rmtree(self.workdir / "nodes", ignore_errors=True)
-        if self._own_socket_dir:
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self._own_socket_dir and self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     # Views for tests and people ------------------------------------------------------------------
 
