@@ -9,8 +9,11 @@ printed (``pytest -s``), not asserted.
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -176,3 +179,51 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
         f"apply->Complete {first(events, 'Complete') - added:.1f} s, "
         f"scale->3 workers registered {registered_after:.1f} s (registered at epoch {registered.epoch})"
     )
+
+
+def test_a_killed_train_rank_restarts_in_its_pod_and_the_job_resumes_from_its_checkpoint(
+    box: Box, k: Kubectl, operator: OperatorProcess
+) -> None:
+    job = copy.deepcopy(JOB)
+    job["spec"]["train"].update(maxEpochs=40, saveInterval=5)
+    k.apply(job)
+    wait_for(
+        lambda: (k.get("rlj", NAME) or {}).get("status", {}).get("progress", {}).get("epoch", 0) >= 6,
+        timeout=240,
+        interval=0.5,
+        what="epoch 6",
+    )
+    killed = k.get("pod", f"{NAME}-train-1")
+    os.kill(pid_of(killed), signal.SIGKILL)
+
+    # The kubelet restarts the container in the same pod (rank 0 fails with it: its peer is gone).
+    def restarted() -> dict[str, Any] | None:
+        live = k.get("pod", f"{NAME}-train-1")
+        status = (live or {}).get("status", {}).get("containerStatuses", [{}])[0]
+        return live if status.get("restartCount", 0) >= 1 and status.get("ready") else None
+
+    live = wait_for(restarted, timeout=120, what="train-1 restarted and ready")
+    assert live["metadata"]["uid"] == killed["metadata"]["uid"]
+    assert live["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
+    result = kubectl(
+        box.cluster.kubeconfig,
+        "-n",
+        k.namespace,
+        "wait",
+        "--for=condition=Complete",
+        f"rlj/{NAME}",
+        "--timeout=400s",
+        timeout=430,
+    )
+    assert "condition met" in result.stdout
+    final = k.get("rlj", NAME)["status"]
+    assert final["progress"]["epoch"] == 40
+    assert final["train"]["restarts"] >= 1
+    # Rank 0 came back from the newest checkpoint of its run directory (its pod's emptyDir). Its pod
+    # is gone by now (cleanPodPolicy); the kubelet's log files of every container start remain.
+    logs = sorted(
+        (box.workdir / "logs").glob(f"{k.namespace}_{NAME}-train-0_*/*.log"), key=lambda p: int(p.stem)
+    )
+    assert len(logs) >= 2, logs
+    log = logs[-1].read_text()
+    assert re.search(r"resuming after epoch (5|10|15|20|25|30|35)\b", log), log[-2000:]
