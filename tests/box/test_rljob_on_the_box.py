@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -124,6 +125,10 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     before = train_pods(k)
     assert len(before) == 2
     train_generation = k.get("statefulset", f"{NAME}-train")["metadata"]["generation"]
+    ports = box.cluster.call(lambda: box.kubelet.jobs[(k.namespace, NAME)].ports)
+    # The Shared strategy's hostPath init container is skipped, and says so.
+    init = k.get("pod", f"{NAME}-eval-0")["status"]["initContainerStatuses"][0]
+    assert init["state"]["terminated"]["reason"] == "Completed"
 
     # Scale mid-run: the eval StatefulSet grows and the new workers register with the coordinator.
     scaled_at = time.monotonic()
@@ -172,6 +177,13 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     assert epochs == sorted(epochs)
     # cleanPodPolicy All: both StatefulSets go to zero and every process stops.
     wait_for(lambda: not box.processes(k.namespace), timeout=120, what="every pod's processes gone")
+    # ... and the job's ports and coordinator proxy with them.
+    wait_for(lambda: not box.kubelet.coordinator_socket(k.namespace, NAME).exists(), what="the proxy gone")
+    for port in (ports.coordinator, ports.master, *ports.weights.values()):
+        with socket.socket() as probe:
+            # SO_REUSEADDR: connections closed a moment ago may linger in TIME_WAIT; a listener may not.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", port))  # free again: no process of the job listens on it
 
     added = next(e.at for e in events if e.type == "ADDED")
     print(

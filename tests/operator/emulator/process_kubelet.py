@@ -220,9 +220,12 @@ class ProcessKubelet:
 
     # Views for tests and people ------------------------------------------------------------------
 
+    def coordinator_socket(self, namespace: str, job: str) -> Path:
+        return proxy_socket(self.socket_dir, namespace, job)
+
     def coordinator_target(self, namespace: str, job: str) -> str:
         """Where a job's coordinator answers from outside the pods (the operator's address)."""
-        return f"unix://{proxy_socket(self.socket_dir, namespace, job)}"
+        return f"unix://{self.coordinator_socket(namespace, job)}"
 
     def processes(self) -> dict[tuple[str, str], dict[str, Any]]:
         """(namespace, pod) -> pid (None while not running), restarts, node, terminating; on the loop.
