@@ -125,7 +125,7 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     before = train_pods(k)
     assert len(before) == 2
     train_generation = k.get("statefulset", f"{NAME}-train")["metadata"]["generation"]
-    ports = box.cluster.call(lambda: box.kubelet.jobs[(k.namespace, NAME)].ports)
+    ports = box.cluster.call(lambda: box.kubelet.networks.get(k.namespace, NAME))
     # The Shared strategy's hostPath init container is skipped, and says so.
     init = k.get("pod", f"{NAME}-eval-0")["status"]["initContainerStatuses"][0]
     assert init["state"]["terminated"]["reason"] == "Completed"

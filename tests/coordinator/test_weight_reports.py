@@ -1,4 +1,4 @@
-"""Only a member's weight report counts: the run's end never waits for a worker the coordinator does not know."""
+"""Only a member's weight report counts: the end of a run never waits for a worker nobody knows."""
 
 from __future__ import annotations
 

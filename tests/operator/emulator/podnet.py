@@ -24,7 +24,8 @@ kube-proxy): a unix socket ``<socket_dir>/<namespace>.<job>.sock`` forwarding to
 port, so the operator runs with ``RLKUBE_COORDINATOR_ADDRESS=unix://<socket_dir>/{namespace}.{job}.sock``
 and needs nothing else.
 
-:func:`cluster_addresses` is pure; :class:`ServiceProxy` runs on the emulator's event loop.
+:func:`cluster_addresses` is pure; :class:`JobNetworks` (each job's ports and proxy) and
+:class:`ServiceProxy` run on the emulator's event loop.
 """
 
 from __future__ import annotations
@@ -80,6 +81,44 @@ def cluster_addresses(env: Mapping[str, str], *, job: str, namespace: str, ports
         rank = int(env.get("RLKUBE_REPLICA_INDEX", "0") or 0) if train else 0
         out["RLKUBE_WEIGHT_PORT"] = str(ports.weight(rank))
     return out
+
+
+class JobNetworks:
+    """The ports and coordinator proxy of every job that has pods on this host (on the emulator's loop)."""
+
+    def __init__(self, socket_dir: Path) -> None:
+        self.socket_dir = socket_dir
+        self._jobs: dict[tuple[str, str], tuple[JobPorts, ServiceProxy, asyncio.Task[ServiceProxy]]] = {}
+
+    def ports(self, namespace: str, job: str) -> JobPorts:
+        """The job's ports; the first call picks them and opens its coordinator proxy."""
+        key = (namespace, job)
+        if key not in self._jobs:
+            ports = JobPorts.allocate()
+            proxy = ServiceProxy(proxy_socket(self.socket_dir, namespace, job), ports.coordinator)
+            self._jobs[key] = (ports, proxy, asyncio.get_running_loop().create_task(proxy.start()))
+        return self._jobs[key][0]
+
+    def get(self, namespace: str, job: str) -> JobPorts | None:
+        found = self._jobs.get((namespace, job))
+        return None if found is None else found[0]
+
+    def release_all_but(self, busy: set[tuple[str, str]]) -> None:
+        """Forget the ports of jobs without pods here and close their proxies."""
+        for key in [k for k in self._jobs if k not in busy]:
+            _, proxy, started = self._jobs.pop(key)
+            asyncio.get_running_loop().create_task(_close(proxy, started))
+
+    async def close(self) -> None:
+        for _, proxy, started in self._jobs.values():
+            await _close(proxy, started)
+        self._jobs.clear()
+
+
+async def _close(proxy: ServiceProxy, started: asyncio.Task[ServiceProxy]) -> None:
+    with contextlib.suppress(OSError):  # it never opened: nothing to close but the path
+        await started
+    await proxy.close()
 
 
 def proxy_socket(socket_dir: Path, namespace: str, job: str) -> Path:

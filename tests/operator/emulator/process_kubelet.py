@@ -47,87 +47,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlkube import contract
 
 from tests.operator.emulator.controllers import pod_environment
+from tests.operator.emulator.pod_run import BackOff, PodRun, base_env, signal_group
 from tests.operator.emulator.pod_status import ContainerView, pod_event, pod_status
-from tests.operator.emulator.podnet import JobPorts, ServiceProxy, cluster_addresses, proxy_socket
+from tests.operator.emulator.podnet import JobNetworks, JobPorts, cluster_addresses, proxy_socket
 from tests.operator.emulator.resources import ResourceType
 from tests.operator.emulator.sandbox import Node, PodSandbox, SandboxError, container_command
 from tests.operator.emulator.store import Store, WatchEvent, now_rfc3339
 
 logger = logging.getLogger(__name__)
-ROOT = Path(__file__).resolve().parents[3]
-#: Defaults of the emulated container runtime (the container's own env wins): one intra-op thread
-#: per process on a shared machine, as ``rlkube run`` does, and unbuffered output for the logs.
-RUNTIME_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-@dataclass(frozen=True)
-class BackOff:
-    """Restart delay after the n-th consecutive exit; a container that ran ``reset_after`` s starts over."""
-
-    initial: float = 1.0
-    cap: float = 10.0
-    reset_after: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        return min(self.cap, self.initial * 2 ** max(0, failures - 1))
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-@dataclass
-class PodRun:
-    """What the kubelet knows of one pod (by uid) and its container's process."""
-
-    namespace: str
-    name: str
-    uid: str
-    node: Node
-    container: dict[str, Any]
-    init_containers: list[dict[str, Any]]
-    restart_policy: str
-    grace: float
-    job: str | None
-    log_dir: Path
-    start_time: str
-    sandbox: PodSandbox | None = None
-    log_file: Path | None = None
-    popen: subprocess.Popen[bytes] | None = None
-    pid: int | None = None
-    started_at: str = ""
-    started_mono: float = 0.0
-    restarts: int = 0
-    failures: int = 0
-    next_start: float | None = 0.0  # None: never again (restartPolicy)
-    waiting: tuple[str, str] = ("ContainerCreating", "")
-    last_terminated: dict[str, Any] | None = None
-    deleting: bool = False
-    term_sent: bool = False
-    kill_at: float | None = None
-    written: dict[str, Any] | None = None
-    condition_times: dict[str, tuple[str, str]] = field(default_factory=dict)
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None
-
-
-@dataclass
-class JobNetwork:
-    ports: JobPorts
-    proxy: ServiceProxy
-    started: asyncio.Task[Any]
 
 
 class ProcessKubelet:
@@ -153,13 +86,13 @@ class ProcessKubelet:
         self.close_grace = close_grace
         self.poll_interval = poll_interval
         self.python = python
-        self.base_env = _base_env(os.environ if environ is None else environ)
+        self.base_env = base_env(os.environ if environ is None else environ)
         self._socket_dir = socket_dir
         self._own_socket_dir = socket_dir is None
         self.shm_root: Path | None = None
         self.nodes: list[Node] = []
         self.runs: dict[str, PodRun] = {}
-        self.jobs: dict[tuple[str, str], JobNetwork] = {}
+        self.networks: JobNetworks | None = None
         self.store: Store | None = None
         self.pod_type: ResourceType | None = None
         self._pending: dict[tuple[str, str], None] = {}
@@ -190,6 +123,7 @@ class ProcessKubelet:
             for i in range(self.node_count)
         ]
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.networks = JobNetworks(self.socket_dir)
         store.listeners.append(self._on_event)
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -199,19 +133,18 @@ class ProcessKubelet:
             self._task.cancel()
         live = [r for r in self.runs.values() if r.popen is not None]
         for run in live:
-            _signal_group(run.popen.pid, signal.SIGTERM)  # type: ignore[union-attr]
+            signal_group(run.popen.pid, signal.SIGTERM)  # type: ignore[union-attr]
         deadline = time.monotonic() + self.close_grace
         while any(r.popen.poll() is None for r in live) and time.monotonic() < deadline:  # type: ignore[union-attr]
             await asyncio.sleep(0.1)
         for run in live:
             assert run.popen is not None
-            _signal_group(run.popen.pid, signal.SIGKILL)
+            signal_group(run.popen.pid, signal.SIGKILL)
             run.popen.wait()
             run.popen = None
         self.runs.clear()
-        for network in list(self.jobs.values()):
-            await _close_network(network)
-        self.jobs.clear()
+        if self.networks is not None:
+            await self.networks.close()
         if self.shm_root is not None:
             shutil.rmtree(self.shm_root, ignore_errors=True)
         shutil.rmtree(self.workdir / "nodes", ignore_errors=True)
@@ -303,7 +236,8 @@ class ProcessKubelet:
             self._admit_pending()
             for run in list(self.runs.values()):
                 self._step(run, now)
-            self._release_idle_jobs()
+            assert self.networks is not None
+            self.networks.release_all_but({(r.namespace, r.job) for r in self.runs.values() if r.job})
         except Exception:  # the kubelet must outlive its own bugs; they are logged
             logger.exception("process kubelet tick failed")
 
@@ -370,7 +304,7 @@ class ProcessKubelet:
 
     def _exited(self, run: PodRun, code: int, now: float) -> None:
         assert run.popen is not None
-        _signal_group(run.popen.pid, signal.SIGKILL)  # what is left of the container goes with it
+        signal_group(run.popen.pid, signal.SIGKILL)  # what is left of the container goes with it
         run.popen = None
         run.last_terminated = {
             "exitCode": code if code >= 0 else 128 - code,
@@ -402,11 +336,11 @@ class ProcessKubelet:
         if not run.term_sent:
             run.term_sent = True
             run.kill_at = now + min(run.grace, self.max_grace)
-            _signal_group(run.popen.pid, signal.SIGTERM)
+            signal_group(run.popen.pid, signal.SIGTERM)
             self._event(run, "Normal", "Killing", f"Stopping container {run.container.get('name', '')}")
         elif run.kill_at is not None and now >= run.kill_at:
             run.kill_at = None
-            _signal_group(run.popen.pid, signal.SIGKILL)
+            signal_group(run.popen.pid, signal.SIGKILL)
 
     def _start(self, run: PodRun, now: float) -> None:
         store, pods = self._api()
@@ -463,7 +397,7 @@ class ProcessKubelet:
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": "127.0.0.1", "hostIP": "127.0.0.1"}}
         env = run.sandbox.rewrite_paths(run.container, pod_environment(pod, run.container))
         if run.job:
-            env = cluster_addresses(env, job=run.job, namespace=run.namespace, ports=self._network(run).ports)
+            env = cluster_addresses(env, job=run.job, namespace=run.namespace, ports=self._ports(run))
         for directory in run.sandbox.contract_dirs(env):
             directory.mkdir(parents=True, exist_ok=True)
         return container_command(run.container, python=self.python), {**self.base_env, **env}
@@ -501,38 +435,7 @@ class ProcessKubelet:
 
     # Job networks ---------------------------------------------------------------------------------
 
-    def _network(self, run: PodRun) -> JobNetwork:
-        key = (run.namespace, run.job or "")
-        if key not in self.jobs:
-            ports = JobPorts.allocate()
-            proxy = ServiceProxy(proxy_socket(self.socket_dir, *key), ports.coordinator)
-            self.jobs[key] = JobNetwork(ports, proxy, asyncio.get_running_loop().create_task(proxy.start()))
-        return self.jobs[key]
-
-    def _release_idle_jobs(self) -> None:
-        busy = {(r.namespace, r.job or "") for r in self.runs.values()}
-        for key in [k for k in self.jobs if k not in busy]:
-            asyncio.get_running_loop().create_task(_close_network(self.jobs.pop(key)))
-
-
-async def _close_network(network: JobNetwork) -> None:
-    try:
-        await network.started
-    except OSError as exc:
-        logger.warning("the service proxy %s did not start: %s", network.proxy.path, exc)
-    await network.proxy.close()
-
-
-def _base_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """This machine's env as a container's starting point: without the env contract, the operator's
-    settings and the kubeconfig; with PYTHONPATH reaching the project (as the image's install does)."""
-    contract_names = {var.name for var in contract.ENV_CONTRACT}
-    env = {
-        k: v
-        for k, v in environ.items()
-        if k not in contract_names and not k.startswith(("RLKUBE_", "PET_")) and k != "KUBECONFIG"
-    }
-    project = [str(ROOT / "runtime"), str(ROOT / "operator"), str(ROOT)]
-    existing = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in project]
-    env["PYTHONPATH"] = os.pathsep.join(project + existing)
-    return {**RUNTIME_DEFAULTS, **env}
+    def _ports(self, run: PodRun) -> JobPorts:
+        assert self.networks is not None
+        assert run.job is not None
+        return self.networks.ports(run.namespace, run.job)
