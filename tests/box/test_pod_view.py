@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,16 @@ from rlkube_operator.render import render_eval_statefulset, render_train_statefu
 from rlkube_operator.settings import RenderSettings
 
 from tests.conftest import MINIMAL_JOB
+from tests.delivery.test_dockerfile import FINAL
 from tests.operator.emulator.controllers import StatefulSetController, pod_environment, template_revision
 from tests.operator.emulator.podnet import JobPorts, ServiceProxy, cluster_addresses
-from tests.operator.emulator.sandbox import Node, PodSandbox, SandboxError, container_command
+from tests.operator.emulator.sandbox import (
+    IMAGE_ENTRYPOINT,
+    Node,
+    PodSandbox,
+    SandboxError,
+    container_command,
+)
 
 SETTINGS = RenderSettings(default_image="rlkube:test")
 
@@ -122,6 +130,13 @@ def test_the_container_runs_the_image_entrypoint_with_its_args() -> None:
     assert container_command({"command": ["python3", "-c", "x"]}, python="/py") == ["/py", "-c", "x"]
     assert container_command({"command": ["/bin/true"], "args": ["a"]}) == ["/bin/true", "a"]
     assert container_command({"args": ["--help"]}, python=sys.executable)[-1] == "--help"
+
+
+def test_the_box_runs_what_the_image_runs_after_tini() -> None:
+    (entrypoint,) = FINAL.values("ENTRYPOINT")
+    argv = json.loads(entrypoint)
+    assert argv[:2] == ["/usr/bin/tini", "--"]  # left out here: the kubelet signals the process group
+    assert tuple(argv[2:]) == IMAGE_ENTRYPOINT
 
 
 def test_a_volume_the_box_cannot_make_is_named_in_the_error(tmp_path: Path) -> None:
