@@ -175,6 +175,12 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     ]
     assert len(set(epochs)) >= 3
     assert epochs == sorted(epochs)
+    # ... and the scale showed in its EVAL column while it trained.
+    assert any(
+        e.obj["status"].get("phase") == "Running" and e.obj["status"].get("eval", {}).get("ready") == "3/3"
+        for e in events
+        if "status" in e.obj
+    )
     # cleanPodPolicy All: both StatefulSets go to zero and every process stops.
     wait_for(lambda: not box.processes(k.namespace), timeout=120, what="every pod's processes gone")
     # ... and the job's ports and coordinator proxy with them.
