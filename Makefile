@@ -1,7 +1,8 @@
 # The README's commands. Each target does its own set-up on a machine that has only Python 3.11+.
 #   make demo     run examples/cartpole.yaml as a local cluster (train ranks + eval workers)
 #   make test     install with the dev extra and run the whole test suite
-#   make cluster  start the API emulator and the operator, print the KUBECONFIG to export
+#   make cluster  start the API emulator, the operator and a kubelet that runs pods as local processes,
+#                 print the KUBECONFIG to export (CLUSTER_ARGS="--kubelet ready --simulate-training": run nothing)
 #   make lint     ruff, import layers, yamllint, shellcheck, hadolint
 #   make generate regenerate crds/, the chart's CRD copy, docs/rljob-reference.md and runtime/rlkube/_proto
 
@@ -16,6 +17,7 @@ TORCH_PIP_ARGS ?=
 DEMO_JOB ?= examples/cartpole.yaml
 DEMO_ARGS ?= --nodes 2 --summary runs/demo-summary.json
 PYTEST_ARGS ?=
+CLUSTER_ARGS ?=
 
 .PHONY: demo test lint generate cluster bench clean
 
@@ -57,7 +59,7 @@ generate: $(VENV)/.dev
 	$(PY) scripts/generate.py
 
 cluster: $(VENV)/.dev
-	$(PY) -m tests.operator.cluster
+	$(PY) -m tests.operator.cluster $(CLUSTER_ARGS)
 
 bench: $(VENV)/.base
 	$(PIP) install --quiet -e ".[bench]"

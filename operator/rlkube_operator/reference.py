@@ -131,11 +131,17 @@ def operator_markdown() -> str:
         "",
         "## Trying it without a cluster",
         "",
-        "`make cluster` (`python -m tests.operator.cluster [--simulate-training]`) starts the API",
-        "emulator of tests/operator with this operator and prints the KUBECONFIG to export; pods",
-        "are reported Running and Ready without running anything, and `--simulate-training` fakes",
-        "each job's coordinator so phases, columns and `kubectl wait` can be watched. kubectl",
-        "needs `--validate=false` for `apply` there (the emulator serves no OpenAPI document).",
+        "`make cluster` (`python -m tests.operator.cluster [--kubelet process|ready] [--nodes N]`)",
+        "starts the API emulator of tests/operator with this operator and prints the KUBECONFIG to",
+        "export. Its kubelet runs the pods of the StatefulSets as local processes (`rlkube pod` with",
+        "the env a cluster gives them, one simulated node per shared-memory directory, the job's",
+        "service names mapped to ports on 127.0.0.1; see docs/cluster-in-a-box.md), so",
+        "`kubectl apply -f examples/rljob.yaml` trains, `kubectl get rlj` shows its progress,",
+        "`kubectl scale` adds rollout workers and `kubectl logs` reads the pods' logs (files under",
+        "`runs/cluster/logs`). `--kubelet ready --simulate-training` runs nothing: pods are reported",
+        "Ready and each job's coordinator is faked, so phases, columns and `kubectl wait` can be",
+        "watched in seconds. kubectl needs `--validate=false` for `apply` there (the emulator serves",
+        "no OpenAPI document).",
     ]
     lines += ["", "## RBAC", "", "Exactly what the operator uses (`operator/rlkube_operator/rbac.py`).", ""]
     lines += ["| scope | apiGroups | resources | verbs | why |", "|---|---|---|---|---|"]

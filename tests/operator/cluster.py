@@ -1,12 +1,18 @@
 """``make cluster``: the API emulator and the real operator, for trying kubectl by hand.
 
-    python -m tests.operator.cluster [--port 8001] [--simulate-training] [--nodes 2]
+    python -m tests.operator.cluster [--kubelet process|ready] [--nodes 2] [--port 8001]
+    python -m tests.operator.cluster --simulate-training [--epoch-seconds 3]
 
 Prints the KUBECONFIG to export, then runs until Ctrl-C (and cleans up its processes and files).
-Pods become Running and Ready at once (a simulated kubelet; nothing is executed). With
-``--simulate-training`` each RLJob's coordinator is faked: it reports one epoch every
-``--epoch-seconds`` and finishes at ``spec.train.maxEpochs``, so phases, printer columns,
-``kubectl wait --for=condition=Complete`` and the cleanup can be watched without the runtime.
+
+``--kubelet process`` (the default) is the cluster-in-a-box: the pods of the StatefulSets the
+operator creates run as local processes (``rlkube pod``, with the env a cluster gives them;
+:mod:`tests.operator.emulator.process_kubelet`), spread over ``--nodes`` simulated nodes, so an
+applied RLJob really trains and ``kubectl get rlj`` shows its progress. Pod logs are files under
+``<workdir>/logs``. ``--kubelet ready`` runs nothing: pods are Running and Ready at once. With
+``--simulate-training`` (implies ``--kubelet ready``) each RLJob's coordinator is faked: it reports
+one epoch every ``--epoch-seconds`` and finishes at ``spec.train.maxEpochs``, so phases, printer
+columns, ``kubectl wait --for=condition=Complete`` and the cleanup can be watched without the runtime.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from pathlib import Path
 from types import FrameType
 
 from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.emulator.controllers import ReadyKubelet
+from tests.operator.emulator.controllers import Kubelet, ReadyKubelet
+from tests.operator.emulator.process_kubelet import ProcessKubelet
 from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess
 
 
@@ -74,16 +81,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make cluster", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=None, help="API port (default: a free one)")
     parser.add_argument("--nodes", type=int, default=2, help="simulated nodes pods are spread over")
-    parser.add_argument("--simulate-training", action="store_true", help="fake each job's coordinator")
+    parser.add_argument(
+        "--kubelet",
+        choices=("process", "ready"),
+        default=None,
+        help="process: run pods as local processes (default); ready: report them Ready, run nothing",
+    )
+    parser.add_argument(
+        "--simulate-training", action="store_true", help="fake each job's coordinator (--kubelet ready)"
+    )
     parser.add_argument("--epoch-seconds", type=float, default=3.0, help="simulated seconds per epoch")
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "cluster", help="kubeconfig and logs")
     args = parser.parse_args(argv)
+    if args.kubelet is None:
+        args.kubelet = "ready" if args.simulate_training else "process"
+    if args.simulate_training and args.kubelet == "process":
+        parser.error("--simulate-training fakes the coordinators: it needs --kubelet ready")
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     sockets = Path(tempfile.mkdtemp(prefix="rlk"))  # unix socket paths must stay short
+    kubelet: Kubelet = (
+        ProcessKubelet(args.workdir, nodes=args.nodes, socket_dir=sockets)
+        if args.kubelet == "process"
+        else ReadyKubelet(args.nodes)
+    )
     cluster = EmulatedCluster(
-        args.workdir, kubelet=ReadyKubelet(args.nodes), port=args.port, crds=[ROOT / "crds" / "rljob.yaml"]
+        args.workdir, kubelet=kubelet, port=args.port, crds=[ROOT / "crds" / "rljob.yaml"]
     ).start()
     coordinators = FakeCoordinators(sockets)
     operator = OperatorProcess(
@@ -104,16 +128,26 @@ def main(argv: list[str] | None = None) -> int:
         operator.start()
         if args.simulate_training:
             simulator.thread.start()
+        runs = (
+            f"pods run as processes on {args.nodes} simulated nodes; their logs: {args.workdir / 'logs'}"
+            if args.kubelet == "process"
+            else "pods are reported Ready; nothing runs"
+            + (" (training is simulated)" if args.simulate_training else "")
+        )
         print(
             f"API emulator at {cluster.url}; operator log {operator.log_path}; metrics "
-            f"http://127.0.0.1:{operator.metrics_port}/metrics\n\n"
+            f"http://127.0.0.1:{operator.metrics_port}/metrics\n{runs}\n\n"
             f"    export KUBECONFIG={cluster.kubeconfig}\n\n"
             "    kubectl apply --validate=false -f examples/rljob.yaml\n"
-            "    kubectl get rlj,sts,pods\n"
+            "    kubectl get rlj,sts,pods -o wide     # or: watch kubectl get rlj\n"
             "    kubectl scale rlj/cartpole-ppo --replicas=6\n"
             "    kubectl describe rlj cartpole-ppo\n"
             "    kubectl wait --for=condition=Complete rlj/cartpole-ppo --timeout=10m"
-            + ("" if args.simulate_training else "   # needs --simulate-training")
+            + (
+                "   # needs --simulate-training"
+                if args.kubelet == "ready" and not args.simulate_training
+                else ""
+            )
             + "\n    kubectl delete rlj cartpole-ppo\n\n"
             "(kubectl apply needs --validate=false: the emulator serves no OpenAPI document.) Ctrl-C stops.",
             flush=True,

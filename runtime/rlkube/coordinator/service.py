@@ -87,17 +87,20 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
     def ReportLoaded(
         self, request: pb.ReportLoadedRequest, context: grpc.ServicerContext
     ) -> pb.ReportLoadedResponse:
-        consistent, detail = self.coordinator.report_loaded(
-            WorkerLoad(
-                worker_id=request.worker_id,
-                node_name=request.node_name,
-                incarnation=request.incarnation,
-                version=request.version,
-                fingerprint=dict(request.fingerprint),
-                load_seconds=request.load_seconds,
-                blocked_seconds=request.blocked_seconds,
+        try:
+            consistent, detail = self.coordinator.report_loaded(
+                WorkerLoad(
+                    worker_id=request.worker_id,
+                    node_name=request.node_name,
+                    incarnation=request.incarnation,
+                    version=request.version,
+                    fingerprint=dict(request.fingerprint),
+                    load_seconds=request.load_seconds,
+                    blocked_seconds=request.blocked_seconds,
+                )
             )
-        )
+        except NotRegistered:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered")
         if not consistent:
             logger.warning(
                 "eval worker %s loaded version %d inconsistently: %s",

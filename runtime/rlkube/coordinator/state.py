@@ -195,10 +195,16 @@ class Coordinator:
             return PushOutcome(accepted=True)
 
     def report_loaded(self, load: WorkerLoad) -> tuple[bool, str]:
+        """Record a worker's loaded version; :class:`NotRegistered` for a worker that is not a member.
+
+        A report from a worker this coordinator does not know (one registered with a previous
+        coordinator that has not noticed the restart yet, or one already expired) is refused: taken
+        in, it would be waited for, forever behind, when the run ends.
+        """
         with self._cond:
-            self.members.touch(load.worker_id, now=self.clock())
-        consistent, detail = self.loads.report(load, now=self.clock())
-        with self._cond:
+            if self.members.touch(load.worker_id, now=self.clock()) is None:
+                raise NotRegistered(load.worker_id)
+            consistent, detail = self.loads.report(load, now=self.clock())
             self._version_checks.setdefault(load.version, []).append(consistent)
             for old in sorted(self._version_checks)[:-64]:
                 del self._version_checks[old]

@@ -131,6 +131,7 @@ class EvalWorker:
                 continue
             self.worker_id = response.worker_id
             self.lease_seconds = response.lease_seconds or 15.0
+            self.reported = None  # a new registration (maybe a new coordinator) has heard of no load yet
             # A new worker loads the newest weights before its first step.
             self.min_version = max(self.min_version, response.latest.version)
             self._registered.set()
@@ -198,6 +199,8 @@ class EvalWorker:
                 if not reply.consistent:
                     logger.error("loaded v%d does not match the trainer: %s", key[1], reply.detail)
             except CoordinatorError as exc:
+                if exc.code is not None and exc.code.name == "NOT_FOUND":
+                    self._registered.clear()  # the coordinator restarted or expired us: register again
                 logger.info("could not report v%d: %s", key[1], exc)
                 return
             self.reported = key

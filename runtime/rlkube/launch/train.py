@@ -205,10 +205,21 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         else:
             follow(ctx)
     except Stopped:
-        if publisher is not None:
-            publisher.close()
+        _stop_serving(server, publisher)
         return 143
+    except BaseException:
+        # A failed rank must exit now, so that its pod restarts: the open WeightStore streams and
+        # long polls of the servers would otherwise hold the process for a minute at exit.
+        _stop_serving(server, publisher)
+        raise
     return _idle(stop, server, publisher)
+
+
+def _stop_serving(server: CoordinatorServer | None, publisher: WeightPublisher | None) -> None:
+    if publisher is not None:
+        publisher.close()
+    if server is not None:
+        server.stop()
 
 
 def _job_finished(env: PodEnv, stop: threading.Event) -> bool:

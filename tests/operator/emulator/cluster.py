@@ -98,6 +98,7 @@ class EmulatedCluster:
             StatefulSetController(emulator.store)
             DanglingOwnerCollector(emulator.store)
             self.kubelet.attach(emulator.store)
+            emulator.pod_logs = getattr(self.kubelet, "container_log", None)
             crd_type = emulator.store.find("apiextensions.k8s.io", "v1", "customresourcedefinitions")
             assert crd_type is not None
             for path in self.crds:

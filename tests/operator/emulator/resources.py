@@ -95,7 +95,13 @@ BUILTINS: tuple[ResourceType, ...] = (
         subresources=frozenset({"status"}),
     ),
     ResourceType(
-        "", "v1", "pods", "Pod", short_names=("po",), categories=("all",), subresources=frozenset({"status"})
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        short_names=("po",),
+        categories=("all",),
+        subresources=frozenset({"status", "log"}),
     ),
     ResourceType(
         "",

@@ -23,7 +23,8 @@ import asyncio
 import copy
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -135,6 +136,8 @@ class Emulator(kmock.KubernetesEmulator):
     audit: list[tuple[str, str, str, str, str | None]] = attrs.field(factory=list, init=False)
     store: Store = attrs.field(init=False)
     closing: bool = attrs.field(default=False, init=False)
+    #: ``container_log(pod, previous=...) -> Path | None`` of a kubelet that runs containers (pods/log).
+    pod_logs: Callable[..., Path | None] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         # kmock's scaffold: discovery endpoints (overridden below) and the 404 fallback; not the
@@ -261,6 +264,9 @@ class Emulator(kmock.KubernetesEmulator):
         if request.method == "GET" and request.params.get("watch") in ("true", "1"):
             rtype, ns = self._target(request)
             raise Answer(await self._stream_watch(request, rtype, ns))
+        if request.method == "GET" and request.subresource == "log" and request.name:
+            rtype, ns = self._target(request)
+            raise Answer(await self._serve_log(request, rtype, ns))
         result = self._serve_sync(request)
         if isinstance(result, Answer):
             raise result
@@ -290,6 +296,57 @@ class Emulator(kmock.KubernetesEmulator):
                 if event == b"":
                     continue
                 await response.write(json.dumps(event).encode() + b"\n")
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the client went away
+        return response
+
+    async def _serve_log(
+        self, request: rendering.Request, rtype: ResourceType, ns: str | None
+    ) -> aiohttp.web.StreamResponse:
+        """``pods/log`` from the kubelet's log file: all or ``tailLines``, ``previous``, ``follow``."""
+        from tests.operator.emulator.store import not_found
+
+        assert request.name is not None
+        pod = self.store.get(rtype, ns, request.name)
+        if pod is None or "log" not in rtype.subresources:
+            raise not_found(rtype, request.name)
+        if self.pod_logs is None:
+            raise api_error(
+                400, "BadRequest", "this emulator's kubelet runs no containers, so there are no logs"
+            )
+
+        def flag(name: str) -> bool:
+            return request.params.get(name) in ("true", "1")
+
+        path = self.pod_logs(pod, previous=flag("previous"))
+        if path is None:
+            what = "previous terminated container" if flag("previous") else "container"
+            raise api_error(400, "BadRequest", f'{what} of pod "{request.name}" not found (not started yet?)')
+        data = path.read_bytes()
+        if request.params.get("tailLines", "").isdigit():
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[len(lines) - int(request.params["tailLines"]) :]) if lines else b""
+        if not flag("follow"):
+            return aiohttp.web.Response(body=data, content_type="text/plain")
+        assert request._raw_request is not None
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
+        await response.prepare(request._raw_request)
+        offset = path.stat().st_size
+        try:
+            await response.write(data)
+            while not self.closing:  # until the container this file belongs to is gone
+                await asyncio.sleep(0.2)
+                live = self.store.get(rtype, ns, request.name)
+                current = self.pod_logs(live, previous=False) if live is not None else None
+                with path.open("rb") as log:
+                    log.seek(offset)
+                    more = log.read()
+                offset += len(more)
+                if more:
+                    await response.write(more)
+                if current != path:
+                    break
             await response.write_eof()
         except (ConnectionError, RuntimeError):
             pass  # the client went away
