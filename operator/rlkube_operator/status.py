@@ -537,8 +537,10 @@ def _deadline_passed(start_time: str | None, deadline: int | None, now: datetime
 
 
 def _progress(previous: Progress, report: CoordinatorReport | None) -> Progress:
-    if report is None:
-        return previous  # the coordinator is not answering: keep the last figures we had
+    if report is None or report.phase in ("", "Starting"):
+        # Not answering, or a restarted rank 0 that has not resumed its checkpoint yet: keep the
+        # last figures we had rather than show the job back at epoch 0.
+        return previous
     nodes = [
         NodeWeightStatus(node_name=n.node_name, version=n.version, lag=n.lag, workers=n.workers)
         for n in sorted(report.nodes, key=lambda n: n.node_name)

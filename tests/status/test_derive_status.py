@@ -302,3 +302,11 @@ def test_status_patch_turns_the_old_status_into_the_new_one() -> None:
     assert patch["progress"]["evalReturn"] is None
     assert merge_patch(old, patch) == new
     assert status_patch(new, new) == {}
+
+
+def test_a_restarted_coordinator_that_has_not_resumed_yet_keeps_the_last_progress() -> None:
+    running = step(None, READY, RUNNING, at=T0).status
+    starting = CoordinatorReport(phase="Starting", epoch=0, max_epochs=10, env_steps=0, weight_version=0)
+    restarted = step(running, READY, starting, at=T0 + timedelta(seconds=10)).status
+    assert restarted["progress"]["epoch"] == 4
+    assert restarted["progress"]["lastReturn"] == 123.456

@@ -227,6 +227,14 @@ class RankZeroEngine:
             now=self.ctx.clock(),
         )
         notify(self.ctx.observers, "on_start", tracker.start())
+        self.coordinator.update(
+            epoch=tracker.epoch,
+            env_steps=tracker.env_steps,
+            weight_version=tracker.weight_version,
+            last_return=tracker.recent_return,
+            episodes=len(tracker.episodes),
+            eval_return=tracker.last_eval,
+        )
         return tracker
 
     def epoch_done(self, tracker: RunTracker, record: EpochRecord) -> None:
