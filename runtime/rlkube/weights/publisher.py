@@ -12,18 +12,27 @@ Sharded receiver fetches ranges from all of them (``config.peers``).
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import torch
 
 from rlkube._proto import policy_group_pb2 as pb
-from rlkube.weights.copies import checksum
-from rlkube.weights.layout import Destinations, StateDict, destinations_of, layout_of, pack_into_
+from rlkube.weights.copies import checksum, copy_tensor_into_slot
+from rlkube.weights.layout import (
+    Destinations,
+    StateDict,
+    WeightLayout,
+    destinations_of,
+    layout_of,
+    pack_into_,
+)
 from rlkube.weights.service import VersionBoard, serve_weight_store
 from rlkube.weights.shm import ShmWriter
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
@@ -50,6 +59,8 @@ class PublisherConfig:
     #: Length of one WatchWeights stream before the client reconnects.
     watch_seconds: float = 60.0
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    #: Threads copying the state dict into the slot (numpy releases the GIL; 1 turns it off).
+    pack_threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
 
 
 class WeightPublisher:
@@ -64,6 +75,7 @@ class WeightPublisher:
         self.port: int | None = None
         self._version = 0
         self._destinations: dict[tuple[int, int, str], Destinations] = {}  # per slot mapping and layout
+        self._pool = ThreadPoolExecutor(max(1, config.pack_threads), thread_name_prefix="weight-pack")
 
     def connect(self) -> WeightPublisher:
         self.writer.open()
@@ -82,6 +94,7 @@ class WeightPublisher:
 
     def close(self) -> None:
         self.board.close()
+        self._pool.shutdown(wait=True)
         if self._server is not None:
             self._server.stop(grace=1.0).wait(5.0)
             self._server = None
@@ -122,13 +135,15 @@ class WeightPublisher:
             if key not in self._destinations:
                 self._destinations = {k: v for k, v in self._destinations.items() if k[0] != lease.index}
                 self._destinations[key] = destinations_of(lease.tensor, layout)
-            with torch.no_grad():
-                pack_into_(lease.tensor, state_dict, layout, destinations=self._destinations[key])
-            total = checksum(lease.array)
+            self._pack(state_dict, layout, self._destinations[key])
         except BaseException:
             self.writer.abort(lease)
             raise
-        meta = self.writer.commit(lease, checksum=total)
+        # Local readers need no checksum (pins keep their snapshot intact): wake them first, then
+        # hash for remote receivers while they swap the new version in.
+        meta = self.writer.commit(lease, checksum=None)
+        total = checksum(lease.array)
+        self.writer.record_checksum(lease.index, (self.incarnation, number), total)
         self._version = number
         sources = [a for a in (self.address, *self.config.peers) if a]
         self.board.publish(
@@ -152,3 +167,35 @@ class WeightPublisher:
         )
         return number
 
+    def _pack(self, state_dict: StateDict, layout: WeightLayout, destinations: Destinations) -> None:
+        """One copy per tensor, spread over ``pack_threads`` threads in contiguous groups of similar size."""
+        tensors = [t for params in state_dict.values() for t in params.values()]
+        groups = split_evenly([e.nbytes for e in layout.entries], self.config.pack_threads)
+        with torch.no_grad():
+            if len(groups) == 1:
+                pack_into_(None, state_dict, layout, destinations=destinations)
+                return
+            jobs = [self._pool.submit(_copy_group, destinations[lo:hi], tensors[lo:hi]) for lo, hi in groups]
+            for job in jobs:
+                job.result()
+
+
+def _copy_group(destinations: Destinations, tensors: list[torch.Tensor]) -> None:
+    for (dst, dst_bytes), tensor in zip(destinations, tensors, strict=True):
+        copy_tensor_into_slot(dst, tensor, dst_bytes)
+
+
+def split_evenly(sizes: list[int], parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) index ranges over ``sizes`` with roughly equal sums (at most ``parts``)."""
+    total = sum(sizes)
+    if parts <= 1 or total == 0 or len(sizes) <= 1:
+        return [(0, len(sizes))]
+    ranges, lo, acc = [], 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc >= total * (len(ranges) + 1) / parts and len(ranges) < parts - 1:
+            ranges.append((lo, i + 1))
+            lo = i + 1
+    if lo < len(sizes):
+        ranges.append((lo, len(sizes)))
+    return ranges

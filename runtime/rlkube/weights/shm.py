@@ -62,6 +62,7 @@ from rlkube.weights.shm_header import (
     read_header,
     read_seq,
     read_slot,
+    write_checksum,
     write_latest,
     write_slot,
     write_writer,
@@ -361,8 +362,11 @@ class ShmWriter:
             self._lock.release()
             raise
 
-    def commit(self, lease: SlotLease, *, checksum: int) -> SlotMeta:
-        """Mark the slot READY, make it latest, release it and wake the readers."""
+    def commit(self, lease: SlotLease, *, checksum: int | None) -> SlotMeta:
+        """Mark the slot READY, make it latest, release it and wake the readers.
+
+        ``checksum=None`` records it as pending (0); fill it in with :meth:`record_checksum`.
+        """
         mm = self._header_mm
         assert mm is not None
         try:
@@ -371,7 +375,7 @@ class ShmWriter:
                 SlotState.READY,
                 lease.version,
                 lease.layout.total_bytes,
-                checksum,
+                checksum or 0,
                 old.capacity,
                 old.file_gen,
                 time.time(),
@@ -387,6 +391,13 @@ class ShmWriter:
         self._drop_unused_layouts()
         self.notify_readers()
         return meta
+
+    def record_checksum(self, index: int, key: tuple[str, int], checksum: int) -> None:
+        """Fill in the checksum of a slot committed as pending, if it still holds ``key``."""
+        assert self._header_mm is not None
+        meta = read_slot(self._header_mm, index)
+        if meta.state == SlotState.READY and meta.key == key and meta.checksum == 0:
+            write_checksum(self._header_mm, index, checksum)
 
     def abort(self, lease: SlotLease) -> None:
         """Give the slot back unpublished (EMPTY); the latest version stays what it was."""
@@ -641,9 +652,24 @@ class ShmReader:
                 del self._views[stale]
             views = self._views[key] = views_of(mm, layout)
         data = memoryview(mm)[: meta.length]
-        if self.verify and checksum(data) != meta.checksum:
-            raise IntegrityError(f"slot {index} (version {meta.version}) does not match its checksum")
+        if self.verify:
+            self._verify(index, meta, data)
         return Snapshot(index, meta, layout, views, as_byte_tensor(mm)[: meta.length], pin)
+
+    def _verify(self, index: int, meta: SlotMeta, data: memoryview) -> None:
+        """Check the slot's bytes against its recorded checksum (waiting briefly if it is pending)."""
+        computed = checksum(data)
+        recorded = meta.checksum
+        deadline = time.monotonic() + 2.0
+        mm = self._header_map()
+        while recorded == 0 and mm is not None and time.monotonic() < deadline:
+            time.sleep(0.001)
+            first, second = read_slot(mm, index).checksum, read_slot(mm, index).checksum
+            recorded = first if first == second else 0
+        if recorded == 0:
+            logger.debug("slot %d version %d: checksum still pending, not verified", index, meta.version)
+        elif computed != recorded:
+            raise IntegrityError(f"slot {index} (version {meta.version}) does not match its checksum")
 
     def _slot_map(self, index: int, meta: SlotMeta) -> mmap.mmap:
         cached = self._maps.get(index)

@@ -19,6 +19,8 @@ offset   type   field
 A slot record (state, version, length, checksum, capacity, file generation, publish time,
 incarnation, layout digest) is written only while its slot is *not* latest and its pin is held
 exclusively by the writer; readers pin a slot before trusting its record (see ``shm.py``).
+One exception: a slot committed with checksum 0 ("pending") gets its checksum filled in once,
+after the flip, by :func:`write_checksum` (the trainer wakes local readers before hashing).
 """
 
 from __future__ import annotations
@@ -150,6 +152,11 @@ def write_slot(buf: memoryview | bytearray, index: int, meta: SlotMeta) -> None:
         _field(meta.incarnation, "incarnation"),
         _field(meta.digest, "layout digest"),
     )
+
+
+def write_checksum(buf: memoryview | bytearray, index: int, checksum: int) -> None:
+    """Record the checksum of a READY slot published as pending (0); the only field written after commit."""
+    struct.pack_into("<Q", buf, _SLOT_BASE + index * _SLOT_STRIDE + 24, checksum)
 
 
 def write_writer(buf: memoryview | bytearray, pid: int, token: bytes) -> None:
