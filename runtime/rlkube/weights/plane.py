@@ -155,28 +155,36 @@ class EvalWeightPlane:
         return self.source.current_key if self.source is not None else None
 
     def sync(
-        self, policy: BasePolicy, *, min_version: int = 0, timeout: float = 60.0
+        self,
+        policy: BasePolicy,
+        *,
+        min_version: int = 0,
+        incarnation: str | None = None,
+        timeout: float = 60.0,
     ) -> tuple[str, int] | None:
-        """Make sure the model holds at least ``min_version``; returns what it holds (None: nothing yet).
+        """Make sure the model holds ``min_version`` or newer; returns (incarnation, version) held.
 
-        Background strategies: nudge the updater and wait for it. None: fetch and load here.
+        With ``incarnation`` the version must also come from it (train rank 0 restarted: its
+        numbers start again). Background strategies: nudge the updater and wait for it; None:
+        fetch and load here. Returns what the model holds when the timeout passes (maybe None).
         """
         deadline = time.monotonic() + timeout
+
+        def satisfied(key: tuple[str, int] | None) -> bool:
+            return key is not None and key[1] >= min_version and incarnation in (None, key[0])
+
         if self.loader is not None:
-            key = self.loader.current_key
-            waiting = key is None or key[1] < min_version
-            self.loader.load_newest(
-                policy,
-                wait=max(0.0, deadline - time.monotonic()) if waiting else 0.05,
-                min_version=min_version,
-            )
-            return self.loader.current_key
+            while True:
+                waiting = not satisfied(self.loader.current_key)
+                left = max(0.0, deadline - time.monotonic())
+                self.loader.load_newest(policy, wait=left if waiting else 0.05)
+                if satisfied(self.loader.current_key) or time.monotonic() >= deadline:
+                    return self.loader.current_key
         while time.monotonic() < deadline:
             policy.notify_update_weights()
             policy.wait_for_weight_update_done(timeout=max(0.0, deadline - time.monotonic()))
-            key = self.loaded_key()
-            if key is not None and key[1] >= min_version:
-                return key
+            if satisfied(self.loaded_key()):
+                break
             time.sleep(0.01)
         return self.loaded_key()
 
@@ -225,15 +233,12 @@ class StreamLoader:
             return version
         return None
 
-    def load_newest(self, policy: BasePolicy, *, wait: float = 5.0, min_version: int = 0) -> int | None:
-        deadline = time.monotonic() + wait
-        while True:
-            version = self.newest(wait=max(0.05, deadline - time.monotonic()))
-            if version is not None:
-                self.load(policy, version)
-            key = self.current_key
-            if (key is not None and key[1] >= min_version) or time.monotonic() >= deadline:
-                return key[1] if key is not None else None
+    def load_newest(self, policy: BasePolicy, *, wait: float = 5.0) -> tuple[str, int] | None:
+        """Load the newest version if one is newer than the model's (waiting up to ``wait`` for one)."""
+        version = self.newest(wait=max(0.05, wait))
+        if version is not None:
+            self.load(policy, version)
+        return self.current_key
 
     def load(self, policy: BasePolicy, version: pb.WeightVersion) -> None:
         if self.current_key is not None and not newer(version, self.current_key):

@@ -11,6 +11,7 @@ Sharded receiver fetches ranges from all of them (``config.peers``).
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
@@ -25,6 +26,7 @@ import torch
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.weights.copies import checksum, copy_tensor_into_slot
+from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.layout import (
     Destinations,
     StateDict,
@@ -33,8 +35,9 @@ from rlkube.weights.layout import (
     layout_of,
     pack_into_,
 )
+from rlkube.weights.locks import FileLock, describe_pids, lock_holders
 from rlkube.weights.service import VersionBoard, serve_weight_store
-from rlkube.weights.shm import ShmWriter
+from rlkube.weights.shm import TRAINER_LOCK, WRITER_LOCK, ShmWriter, attach, detach
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 logger = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ class PublisherConfig:
     #: Length of one WatchWeights stream before the client reconnects.
     watch_seconds: float = 60.0
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    #: How long connect() waits for an eval receiver that writes shm_dir to hand it over.
+    takeover_timeout: float = 30.0
     #: Threads copying the state dict into the slot (numpy releases the GIL; 1 turns it off).
     pack_threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
 
@@ -72,13 +77,32 @@ class WeightPublisher:
         self.writer = ShmWriter(config.shm_dir, slot_wait_timeout=config.slot_wait_timeout)
         self.board = VersionBoard(self.writer, watch_seconds=config.watch_seconds)
         self._server: grpc.Server | None = None
+        self._attach: FileLock | None = None
+        self._trainer_lock: FileLock | None = None
         self.port: int | None = None
         self._version = 0
         self._destinations: dict[tuple[int, int, str], Destinations] = {}  # per slot mapping and layout
         self._pool = ThreadPoolExecutor(max(1, config.pack_threads), thread_name_prefix="weight-pack")
 
     def connect(self) -> WeightPublisher:
-        self.writer.open()
+        """Become the writer of ``shm_dir`` (taking it over from an eval receiver) and start serving."""
+        directory = self.config.shm_dir
+        self._attach = attach(directory)
+        self._trainer_lock = FileLock(directory / TRAINER_LOCK)
+        if not self._trainer_lock.try_acquire(fcntl.LOCK_EX):
+            holders = describe_pids(lock_holders(self._trainer_lock.path))
+            self._release_directory()
+            raise WriterBusyError(f"another trainer publishes into {directory}: {holders}")
+        # An eval process may be this directory's elected receiver: it sees trainer.lock and stands down.
+        deadline = time.monotonic() + self.config.takeover_timeout
+        while not self.writer.try_open():
+            if time.monotonic() >= deadline:
+                holders = describe_pids(lock_holders(directory / WRITER_LOCK))
+                self._release_directory()
+                raise WriterBusyError(
+                    f"{directory}: its writer ({holders}) kept it past {self.config.takeover_timeout}s"
+                )
+            time.sleep(0.02)
         if self.config.listen is not None:
             self._server, self.port = serve_weight_store(
                 self.board, self.config.listen, max_workers=self.config.max_workers
@@ -99,6 +123,15 @@ class WeightPublisher:
             self._server.stop(grace=1.0).wait(5.0)
             self._server = None
         self.writer.close()
+        self._release_directory()
+
+    def _release_directory(self) -> None:
+        if self._trainer_lock is not None:
+            self._trainer_lock.close()
+            self._trainer_lock = None
+        if self._attach is not None:
+            detach(self._attach, self.config.shm_dir, remove=True)
+            self._attach = None
 
     def __enter__(self) -> WeightPublisher:
         return self.connect()

@@ -36,7 +36,7 @@ from rlkube.weights.copies import checksum
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
 from rlkube.weights.layout import LayoutError, WeightLayout
 from rlkube.weights.service import newer
-from rlkube.weights.shm import ShmWriter, SlotLease
+from rlkube.weights.shm import ShmWriter, SlotLease, trainer_present
 from rlkube.weights.shm_header import SlotMeta
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
@@ -98,6 +98,7 @@ class NodeReceiver:
         self._pending: pb.WeightVersion | None = None
         self._threads: list[threading.Thread] = []
         self._watch_client: WeightStoreClient | None = None
+        self._watching: threading.Event | None = None  # set to end the current election's watch
 
     # -- life cycle
     def start(self) -> NodeReceiver:
@@ -114,8 +115,7 @@ class NodeReceiver:
         self._stop.set()
         with self._announced:
             self._announced.notify_all()
-        if self._watch_client is not None:
-            self._watch_client.close()  # cancels the watch stream
+        self._stop_watching()
         for thread in self._threads:
             thread.join(timeout=10.0)
         for client in self._clients.values():
@@ -133,14 +133,20 @@ class NodeReceiver:
     def _run(self) -> None:
         while not self._stop.is_set():
             if not self.writer.is_open:
-                if not self.writer.try_open():
+                if trainer_present(self.config.shm_dir) or not self.writer.try_open():
                     self._stop.wait(self.config.election_interval)
                     continue
                 self.stats.elected = True
                 logger.info("%s: elected weight receiver for %s", self.config.worker_id, self.config.shm_dir)
-                watcher = threading.Thread(target=self._watch, name="weight-watch", daemon=True)
+                self._watching = threading.Event()
+                watcher = threading.Thread(
+                    target=self._watch, args=(self._watching,), name="weight-watch", daemon=True
+                )
                 watcher.start()
                 self._threads.append(watcher)
+            if trainer_present(self.config.shm_dir):
+                self._stand_down()
+                continue
             version = self._take_announced(timeout=0.5)
             if version is None:
                 continue
@@ -159,34 +165,52 @@ class NodeReceiver:
                 logger.exception("weight receiver failed")
                 self._stop.wait(self.config.retry_backoff)
 
+    def _stand_down(self) -> None:
+        """A trainer wants this directory (it writes it directly): hand the writer role over."""
+        logger.info("%s: a trainer writes %s; standing by", self.config.worker_id, self.config.shm_dir)
+        self._stop_watching()
+        self.writer.close()
+        self.stats.elected = False
+        with self._announced:
+            self._pending = None
+
+    def _stop_watching(self) -> None:
+        if self._watching is not None:
+            self._watching.set()
+        if self._watch_client is not None:
+            self._watch_client.close()  # cancels the watch stream
+            self._watch_client = None
+
     def _record_error(self, exc: BaseException) -> None:
         self.stats.rejected += 1
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
         self.stats.errors = [*self.stats.errors[-9:], self.stats.last_error]
         logger.warning("weight receiver: %s", self.stats.last_error)
 
-    def _watch(self) -> None:
+    def _watch(self, until: threading.Event) -> None:
         client = self._watch_client = WeightStoreClient(
             self.config.source, rpc_timeout=self.config.rpc_timeout
         )
         client.connect()
-        while not self._stop.is_set():
-            latest = self.writer.latest() if self.writer.is_open else None
-            after = latest.key if latest is not None else None
+        while not (self._stop.is_set() or until.is_set()):
+            try:
+                latest = self.writer.latest()
+            except AssertionError:  # closed meanwhile
+                return
             try:
                 for version in client.watch(
-                    after=after,
+                    after=latest.key if latest is not None else None,
                     worker_id=self.config.worker_id,
                     node_name=self.config.node_name,
                     seconds=self.config.watch_seconds,
                 ):
                     self._announce(version)
             except FetchError as exc:
-                if self._stop.is_set():
+                if self._stop.is_set() or until.is_set():
                     return
                 logger.info("weight watch: %s; reconnecting", exc)
                 self._stop.wait(self.config.retry_backoff)
-            except ValueError:  # the channel was closed by close()
+            except (ValueError, AssertionError):  # the channel was closed by close() or a stand-down
                 return
 
     def _announce(self, version: pb.WeightVersion) -> None:

@@ -11,6 +11,7 @@ slot-0, slot-1      the two slots, preallocated and pre-faulted, reused across v
 pin-0, pin-1        readers hold LOCK_SH on a slot's pin while they use it; the writer
                     takes LOCK_EX before it overwrites that slot (with a deadline)
 writer.lock         LOCK_EX by the one writer (the trainer, or the node's elected receiver)
+trainer.lock        LOCK_EX by a trainer that writes this directory; receivers then stand by
 attach.lock         LOCK_SH by every attached process; the last one out removes the files
 layout-<digest>.pb  the ``WeightLayout`` protobuf of a slot's content
 notify-*.sock       readers' wake-up sockets; the writer sends one datagram per publish
@@ -73,6 +74,7 @@ logger = logging.getLogger(__name__)
 HEADER = "header"
 WRITER_LOCK = "writer.lock"
 ATTACH_LOCK = "attach.lock"
+TRAINER_LOCK = "trainer.lock"
 NOTIFY_PREFIX = "notify-"
 _MADV_POPULATE_READ = 22  # Linux 5.14+; Python's mmap module does not name them
 _MADV_POPULATE_WRITE = 23
@@ -94,7 +96,7 @@ def layout_path(directory: Path, digest: str) -> Path:
 
 def _is_ours(name: str) -> bool:
     return (
-        name in (HEADER, WRITER_LOCK, ATTACH_LOCK)
+        name in (HEADER, WRITER_LOCK, ATTACH_LOCK, TRAINER_LOCK)
         or name.startswith(("slot-", "pin-", "layout-", NOTIFY_PREFIX))
         or name.endswith(".tmp")
     )
@@ -143,6 +145,19 @@ def detach(lock: FileLock, directory: Path, *, remove: bool) -> bool:
         removed = True
     lock.close()
     return removed
+
+
+def trainer_present(directory: Path) -> bool:
+    """Whether a trainer holds this directory's trainer.lock (it then is, or is about to be, the writer)."""
+    if not directory.is_dir():
+        return False
+    lock = FileLock(directory / TRAINER_LOCK)
+    try:
+        return not lock.try_acquire(fcntl.LOCK_SH)
+    except FileNotFoundError:
+        return False
+    finally:
+        lock.close()
 
 
 # --------------------------------------------------------------------------- writer
