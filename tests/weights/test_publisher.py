@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlkube.weights.copies import COPIES, checksum
+from rlkube.weights.copies import COPIES, buffer_checksum
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher, split_evenly
 from rlkube.weights.shm import ShmReader
 
@@ -18,7 +18,9 @@ def test_send_packs_every_tensor_once_and_records_the_announced_checksum(shm_dir
     trainer = tiny_policy("train", hidden=64)
     trainer.init_train()
     state = trainer.get_trainable_parameters()
-    with WeightPublisher(PublisherConfig(shm_dir=shm_dir, pack_threads=threads)) as publisher:
+    with WeightPublisher(
+        PublisherConfig(shm_dir=shm_dir, pack_threads=threads, chunk_bytes=4096)
+    ) as publisher:
         COPIES.reset()
         version = publisher.send(state)
         calls, nbytes = COPIES.snapshot()["copy_tensor_into_slot"]
@@ -26,7 +28,8 @@ def test_send_packs_every_tensor_once_and_records_the_announced_checksum(shm_dir
         announced = publisher.latest()
         assert (announced.version, announced.incarnation) == (version, publisher.incarnation)
         with ShmReader(shm_dir, verify=True) as reader, reader.acquire() as snap:
-            assert snap.meta.checksum == announced.checksum == checksum(snap.buffer.numpy())
+            grid = announced.chunk_bytes
+            assert snap.meta.checksum == announced.checksum == buffer_checksum(snap.buffer.numpy(), grid)
             for module, params in state.items():
                 for name, tensor in params.items():
                     assert torch.equal(snap.views[module][name], tensor)

@@ -31,10 +31,14 @@ def test_train_and_eval_fingerprints_match_after_a_sync(strategy: str, shm_dir: 
     trainer = tiny_policy("train", hidden=HIDDEN)
     trainer.init_train()
     rank0 = WeightPublisher(
-        PublisherConfig(shm_dir=shm_dir / "rank0", listen="127.0.0.1:0", incarnation="job-a")
+        PublisherConfig(
+            shm_dir=shm_dir / "rank0", listen="127.0.0.1:0", incarnation="job-a", chunk_bytes=CHUNK
+        )
     ).connect()
     rank1 = WeightPublisher(
-        PublisherConfig(shm_dir=shm_dir / "rank1", listen="127.0.0.1:0", incarnation="job-a")
+        PublisherConfig(
+            shm_dir=shm_dir / "rank1", listen="127.0.0.1:0", incarnation="job-a", chunk_bytes=CHUNK
+        )
     ).connect()
     rank0.config = PublisherConfig(**{**rank0.config.__dict__, "peers": (rank1.address,)})
     evaluators, planes = [], []
@@ -42,9 +46,7 @@ def test_train_and_eval_fingerprints_match_after_a_sync(strategy: str, shm_dir: 
         for i in range(2):
             policy = tiny_policy("eval", strategy=strategy, hidden=HIDDEN, seed=100 + i)
             plane = EvalWeightPlane(
-                EvalPlaneConfig(
-                    strategy, shm_dir / "node", rank0.address, f"eval-{i}", streams=3, chunk_bytes=CHUNK
-                )
+                EvalPlaneConfig(strategy, shm_dir / "node", rank0.address, f"eval-{i}", streams=3)
             )
             plane.attach(policy)
             policy.init_eval()

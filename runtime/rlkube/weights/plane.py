@@ -36,18 +36,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import xxhash
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.policy.base import BasePolicy
 from rlkube.weights.client import WeightStoreClient
-from rlkube.weights.copies import copy_buffer_into_params
+from rlkube.weights.copies import copy_buffer_into_params, hash_list_root
 from rlkube.weights.errors import IntegrityError
 from rlkube.weights.layout import WeightLayout, views_of
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
 from rlkube.weights.service import newer
 from rlkube.weights.sources import ShmWatcher, ShmWeightSource, bind, swaps_pointers
-from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 if TYPE_CHECKING:
     from rlkube.spec import WeightBufferSpec
@@ -68,7 +66,6 @@ class EvalPlaneConfig:
     worker_id: str
     node_name: str = ""
     streams: int = 4
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     #: view: parameters become views of the slot (CPU); copy: shadow buffers on the model's device.
     #: auto: view on CPU, copy elsewhere.
     mode: Literal["auto", "view", "copy"] = "auto"
@@ -90,7 +87,6 @@ class EvalPlaneConfig:
             worker_id=worker_id,
             node_name=node_name,
             streams=spec.streams,
-            chunk_bytes=spec.chunk_bytes,
         )
 
     @property
@@ -113,9 +109,7 @@ class EvalWeightPlane:
     def attach(self, policy: BasePolicy) -> None:
         """Give ``policy`` its WeightSource; call before ``policy.init_eval()``."""
         if self.config.strategy == "None":
-            self.loader = StreamLoader(
-                self.config.source, rpc_timeout=self.config.rpc_timeout, chunk_bytes=self.config.chunk_bytes
-            )
+            self.loader = StreamLoader(self.config.source, rpc_timeout=self.config.rpc_timeout)
             return
         mode = self.config.mode
         if mode == "auto":
@@ -133,7 +127,6 @@ class EvalWeightPlane:
                 shm_dir=cfg.buffer_dir,
                 source=cfg.source,
                 streams=cfg.streams if cfg.strategy == "Sharded" else 1,
-                chunk_bytes=cfg.chunk_bytes,
                 worker_id=cfg.worker_id,
                 node_name=cfg.node_name,
                 rpc_timeout=cfg.rpc_timeout,
@@ -217,11 +210,8 @@ class EvalWeightPlane:
 class StreamLoader:
     """Strategy None: fetch the newest version into a private buffer and copy it into the model."""
 
-    def __init__(
-        self, address: str, *, rpc_timeout: float = 30.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    ) -> None:
+    def __init__(self, address: str, *, rpc_timeout: float = 30.0) -> None:
         self.client = WeightStoreClient(address, rpc_timeout=rpc_timeout)
-        self.chunk_bytes = chunk_bytes
         self.current_key: tuple[str, int] | None = None
         self._buffer: np.ndarray | None = None
         self._layout: WeightLayout | None = None
@@ -247,9 +237,9 @@ class StreamLoader:
             self._layout = self.client.get_layout(version.layout_digest)
             self._buffer = np.empty(self._layout.total_bytes, dtype=np.uint8)
         assert self._buffer is not None
-        hasher = xxhash.xxh3_64()
-        self.client.fetch_into(version, self._buffer, chunk_bytes=self.chunk_bytes, hasher=hasher)
-        if hasher.intdigest() != version.checksum:
+        digests: dict[int, int] = {}
+        self.client.fetch_into(version, self._buffer, digests=digests)
+        if hash_list_root([digests[o] for o in sorted(digests)]) != version.checksum:
             raise IntegrityError(
                 f"version {version.version}: received bytes do not match the announced checksum"
             )

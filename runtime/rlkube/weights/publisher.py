@@ -20,12 +20,13 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import torch
 
 from rlkube._proto import policy_group_pb2 as pb
-from rlkube.weights.copies import checksum, copy_tensor_into_slot
+from rlkube.weights.copies import chunk_digests, copy_tensor_into_slot, hash_list_root
 from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.layout import (
     Destinations,
@@ -39,6 +40,9 @@ from rlkube.weights.locks import FileLock, describe_pids, lock_holders
 from rlkube.weights.service import VersionBoard, serve_weight_store
 from rlkube.weights.shm import TRAINER_LOCK, WRITER_LOCK, ShmWriter, attach, detach
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
+
+if TYPE_CHECKING:
+    from rlkube.spec import WeightBufferSpec
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +65,33 @@ class PublisherConfig:
     max_workers: int = 64
     #: Length of one WatchWeights stream before the client reconnects.
     watch_seconds: float = 60.0
+    #: Chunk size of fetches, and the grid of the version checksum (a hash list over chunk digests).
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     #: How long connect() waits for an eval receiver that writes shm_dir to hand it over.
     takeover_timeout: float = 30.0
     #: Threads copying the state dict into the slot (numpy releases the GIL; 1 turns it off).
     pack_threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: WeightBufferSpec,
+        *,
+        shm_dir: Path | str,
+        listen: str | None,
+        advertise: str | None = None,
+        peers: tuple[str, ...] = (),
+        incarnation: str | None = None,
+    ) -> PublisherConfig:
+        """The configuration of a train rank from ``job.spec.policy.weight_buffer`` and the env contract."""
+        return cls(
+            shm_dir=Path(shm_dir),
+            listen=listen,
+            advertise=advertise,
+            peers=tuple(peers),
+            incarnation=incarnation,
+            chunk_bytes=spec.chunk_bytes,
+        )
 
 
 class WeightPublisher:
@@ -174,8 +200,10 @@ class WeightPublisher:
             raise
         # Local readers need no checksum (pins keep their snapshot intact): wake them first, then
         # hash for remote receivers while they swap the new version in.
-        meta = self.writer.commit(lease, checksum=None)
-        total = checksum(lease.array)
+        grid = self.config.chunk_bytes
+        meta = self.writer.commit(lease, checksum=None, chunk_bytes=grid)
+        digests = chunk_digests(lease.array, grid)
+        total = hash_list_root(digests)
         self.writer.record_checksum(lease.index, (self.incarnation, number), total)
         self._version = number
         sources = [a for a in (self.address, *self.config.peers) if a]
@@ -189,8 +217,10 @@ class WeightPublisher:
                 published_at=meta.published_at,
                 sources=sources,
                 fingerprint=dict(fingerprint or {}),
+                chunk_bytes=grid,
             ),
             layout,
+            digests,
         )
         logger.debug(
             "published version %d (%d bytes) in %.1f ms",

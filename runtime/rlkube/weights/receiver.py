@@ -28,17 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import xxhash
-
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.weights.client import WeightStoreClient
-from rlkube.weights.copies import checksum
+from rlkube.weights.copies import hash_list_root
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
 from rlkube.weights.layout import LayoutError, WeightLayout
 from rlkube.weights.service import newer
 from rlkube.weights.shm import ShmWriter, SlotLease, trainer_present
 from rlkube.weights.shm_header import SlotMeta
-from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +48,6 @@ class ReceiverConfig:
     source: str
     #: Parallel range streams per fetch; more than 1 is the Sharded strategy.
     streams: int = 1
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     worker_id: str = ""
     node_name: str = ""
     #: Deadline of unary calls; fetches get this plus size / 50 MB/s.
@@ -258,7 +254,7 @@ class NodeReceiver:
             self.writer.abort(lease)
             raise
         self.stats.fetch_seconds = [*self.stats.fetch_seconds[-99:], time.perf_counter() - started]
-        meta = self.writer.commit(lease, checksum=version.checksum)
+        meta = self.writer.commit(lease, checksum=version.checksum, chunk_bytes=version.chunk_bytes)
         self.stats.fetches += 1
         return meta
 
@@ -279,46 +275,39 @@ class NodeReceiver:
         return layout
 
     def _fetch(self, version: pb.WeightVersion, lease: SlotLease) -> int:
-        """Fill the lease from the network; returns the xxh3 of what was received."""
-        total = version.total_bytes
-        chunk = self.config.chunk_bytes
-        ranges = split_ranges(total, self.config.streams, chunk)
-        if len(ranges) == 1:
-            hasher = xxhash.xxh3_64()
-            result = self._client(self.config.source).fetch_into(
-                version, lease.array, chunk_bytes=chunk, hasher=hasher
-            )
-            self.stats.bytes += result.nbytes
-            return hasher.intdigest()
+        """Fill the lease from the network; returns the hash-list root of the chunks received."""
+        total, grid = version.total_bytes, version.chunk_bytes
+        if grid <= 0:
+            raise IntegrityError(f"version {version.version} announces no checksum grid (chunk_bytes)")
+        ranges = split_ranges(total, self.config.streams, grid)
         sources = list(version.sources) or [self.config.source]
+        digests: dict[int, int] = {}
 
         def fetch_range(index: int) -> int:
             start, end = ranges[index]
-            address = sources[index % len(sources)]
+            address = self.config.source if len(ranges) == 1 else sources[index % len(sources)]
             try:
                 got = self._client(address, index).fetch_into(
-                    version, lease.array, offset=start, length=end - start, chunk_bytes=chunk
+                    version, lease.array, offset=start, length=end - start, digests=digests
                 )
             except (FetchError, IntegrityError) as exc:
                 if address == self.config.source:
                     raise
                 logger.info(
-                    "range %d-%d from %s failed (%s); fetching it from %s",
-                    start,
-                    end,
-                    address,
-                    exc,
-                    self.config.source,
+                    "range %d-%d from %s failed (%s); fetching it from rank 0", start, end, address, exc
                 )
                 got = self._client(self.config.source, index).fetch_into(
-                    version, lease.array, offset=start, length=end - start, chunk_bytes=chunk
+                    version, lease.array, offset=start, length=end - start, digests=digests
                 )
             return got.nbytes
 
-        started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="weight-range") as pool:
-            self.stats.bytes += sum(pool.map(fetch_range, range(len(ranges))))
-        logger.debug(
-            "fetched %d bytes in %d ranges in %.3fs", total, len(ranges), time.perf_counter() - started
-        )
-        return checksum(lease.array)
+        if len(ranges) == 1:
+            self.stats.bytes += fetch_range(0)
+        else:
+            with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="weight-range") as pool:
+                self.stats.bytes += sum(pool.map(fetch_range, range(len(ranges))))
+        if len(digests) != -(-total // grid):
+            raise IntegrityError(
+                f"version {version.version}: {len(digests)} chunks received, expected {-(-total // grid)}"
+            )
+        return hash_list_root([digests[offset] for offset in sorted(digests)])

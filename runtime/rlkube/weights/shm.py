@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from rlkube._proto import policy_group_pb2 as pb
-from rlkube.weights.copies import checksum
+from rlkube.weights.copies import buffer_checksum
 from rlkube.weights.errors import IntegrityError, ShmError, SlotBusyError, WriterBusyError
 from rlkube.weights.layout import WeightLayout, as_byte_tensor, views_of
 from rlkube.weights.locks import FileLock, LockTimeout, describe_pids, lock_holders
@@ -377,10 +377,11 @@ class ShmWriter:
             self._lock.release()
             raise
 
-    def commit(self, lease: SlotLease, *, checksum: int | None) -> SlotMeta:
+    def commit(self, lease: SlotLease, *, checksum: int | None, chunk_bytes: int) -> SlotMeta:
         """Mark the slot READY, make it latest, release it and wake the readers.
 
-        ``checksum=None`` records it as pending (0); fill it in with :meth:`record_checksum`.
+        ``checksum`` is the hash-list root on a ``chunk_bytes`` grid (``copies.buffer_checksum``);
+        ``None`` records it as pending (0), to be filled in with :meth:`record_checksum`.
         """
         mm = self._header_mm
         assert mm is not None
@@ -396,6 +397,7 @@ class ShmWriter:
                 time.time(),
                 lease.incarnation,
                 lease.layout.digest,
+                chunk_bytes,
             )
             write_slot(mm, lease.index, meta)
             write_latest(mm, lease.index)
@@ -673,7 +675,7 @@ class ShmReader:
 
     def _verify(self, index: int, meta: SlotMeta, data: memoryview) -> None:
         """Check the slot's bytes against its recorded checksum (waiting briefly if it is pending)."""
-        computed = checksum(data)
+        computed = buffer_checksum(data, meta.chunk_bytes) if meta.chunk_bytes else None
         recorded = meta.checksum
         deadline = time.monotonic() + 2.0
         mm = self._header_map()
@@ -681,7 +683,7 @@ class ShmReader:
             time.sleep(0.001)
             first, second = read_slot(mm, index).checksum, read_slot(mm, index).checksum
             recorded = first if first == second else 0
-        if recorded == 0:
+        if recorded == 0 or computed is None:
             logger.debug("slot %d version %d: checksum still pending, not verified", index, meta.version)
         elif computed != recorded:
             raise IntegrityError(f"slot {index} (version {meta.version}) does not match its checksum")

@@ -13,7 +13,8 @@ offset   type   field
 28       u32    pid of the current writer (diagnostics)
 32       16s    token of the current writer session
 48       u64    publishes: versions published since the header was created
-64+128i         slot i (i = 0, 1): see :data:`_SLOT`
+64+128i         slot i (i = 0, 1): state, checksum grid, version, length, checksum,
+                capacity, file generation, publish time, incarnation, layout digest
 =======  =====  ================================================================
 
 A slot record (state, version, length, checksum, capacity, file generation, publish time,
@@ -61,12 +62,13 @@ class SlotMeta:
     state: SlotState = SlotState.EMPTY
     version: int = 0
     length: int = 0
-    checksum: int = 0
+    checksum: int = 0  # hash-list root on a chunk_bytes grid (copies.buffer_checksum); 0: pending
     capacity: int = 0
     file_gen: int = 0  # random per (re)created slot file: a reader remaps when it changes
     published_at: float = 0.0
     incarnation: str = ""
     digest: str = ""
+    chunk_bytes: int = 0  # grid of the checksum
 
     @property
     def key(self) -> tuple[str, int]:
@@ -123,14 +125,14 @@ def read_header(buf: memoryview | bytes) -> Header:
 
 
 def read_slot(buf: memoryview | bytes, index: int) -> SlotMeta:
-    state, _, version, length, csum, cap, gen, at, inc, digest = _SLOT.unpack_from(
+    state, grid, version, length, csum, cap, gen, at, inc, digest = _SLOT.unpack_from(
         buf, _SLOT_BASE + index * _SLOT_STRIDE
     )
     try:
         slot_state = SlotState(state)
     except ValueError:
         slot_state = SlotState.EMPTY
-    return SlotMeta(slot_state, version, length, csum, cap, gen, at, _text(inc), _text(digest))
+    return SlotMeta(slot_state, version, length, csum, cap, gen, at, _text(inc), _text(digest), grid)
 
 
 def read_seq(buf: memoryview | bytes) -> int:
@@ -142,7 +144,7 @@ def write_slot(buf: memoryview | bytearray, index: int, meta: SlotMeta) -> None:
         buf,
         _SLOT_BASE + index * _SLOT_STRIDE,
         int(meta.state),
-        0,
+        meta.chunk_bytes,
         meta.version,
         meta.length,
         meta.checksum,

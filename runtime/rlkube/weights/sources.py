@@ -91,10 +91,17 @@ def swaps_pointers(policy: BasePolicy) -> bool:
     return type(policy).load_state_dict is BasePolicy.load_state_dict
 
 
-def swap_in(bindings: Iterable[Binding], state_dict: dict[str, dict[str, torch.Tensor]]) -> None:
-    """Point every bound tensor at its new storage (a few microseconds per tensor, no bytes copied)."""
-    for b in bindings:
-        b.target.data = state_dict[b.module][b.param]
+def swap_pairs(
+    bindings: Iterable[Binding], state_dict: dict[str, dict[str, torch.Tensor]]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(live tensor, its new storage) per binding: prepared outside the gate."""
+    return [(b.target, state_dict[b.module][b.param]) for b in bindings]
+
+
+def swap_in(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Point every live tensor at its new storage (about a microsecond each, no bytes copied)."""
+    for target, new in pairs:
+        target.data = new
 
 
 class _Shadows:
@@ -151,7 +158,11 @@ class ShmWeightSource:
             version=snap.version,
             state_dict=tensors,
             handle=handle,
-            extra={"key": snap.key, "bindings": bindings, "published_at": snap.meta.published_at},
+            extra={
+                "key": snap.key,
+                "pairs": swap_pairs(bindings, tensors),
+                "published_at": snap.meta.published_at,
+            },
         )
 
     def _fill_shadow(self, policy: BasePolicy, snap: Snapshot) -> dict[str, dict[str, torch.Tensor]]:
@@ -169,7 +180,7 @@ class ShmWeightSource:
         try:
             with self._lock:
                 if swaps_pointers(policy):
-                    swap_in(staged.extra["bindings"], staged.state_dict)
+                    swap_in(staged.extra["pairs"])
                     previous, self._held = self._held, staged.handle
                 else:
                     policy.load_state_dict(staged.state_dict)  # the policy's own (copying) load
