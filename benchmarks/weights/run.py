@@ -37,6 +37,8 @@ from benchmarks.weights.models import SPECS, advance_, fingerprint, make_state_d
 SIZES = {"1MB": 10**6, "4MB": 4 * 10**6, "10MB": 10**7, "100MB": 10**8, "1GB": 10**9}
 ALL_METHODS = "rlkube,ray,gloo,grpc-raw,memcpy-bound"
 INFORMATIONAL = {"ray-numpy-views"}  # not a path RLightning takes; shown, not used for the targets
+#: (scenario, method) -> a method measured in turns with it, version by version (same load)
+COMPANIONS = {("b", "rlkube"): "grpc-raw"}
 
 
 class BenchError(RuntimeError):
@@ -73,6 +75,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def selected(name: str, names: list[str]) -> bool:
+    """Whether a method is chosen by ``--methods`` (by name or by family, e.g. ``ray``)."""
+    return name in names or name.split("-")[0] in names
+
+
 def conditions() -> dict[str, Any]:
     try:
         import ray
@@ -101,44 +108,121 @@ def check(method: Method, version: int, expected: dict[str, float], got: list[di
                 )
 
 
-def run_size(
-    method: Method, spec: Any, state: dict, *, warmup: int, iterations: int, version: list[int]
-) -> dict[str, Any]:
-    """One cell: the started method, set up for one state dict, measured ``iterations`` times."""
-    times, extras, net = [], [], 0
-    method.setup(spec, state)
+def run_cell(
+    methods: list[Method], spec: Any, state: dict, *, warmup: int, iterations: int, version: list[int]
+) -> list[dict[str, Any]]:
+    """One cell: started methods set up for one state dict, measured in turns ``iterations`` times.
+
+    Several methods (rlkube and the raw gRPC stream in scenario (b)) alternate version by
+    version, so that a change in the machine's load hits them alike.
+    """
+    times: dict[str, list[float]] = {m.name: [] for m in methods}
+    extras: dict[str, list[dict[str, float]]] = {m.name: [] for m in methods}
+    net: dict[str, int] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    ready: list[Method] = []
     try:
+        for method in methods:
+            method.setup(spec, state)
+            ready.append(method)
         for i in range(warmup + iterations):
-            advance_(state)
-            version[0] += 1
-            result = method.measure(version[0], state)
-            if method.checks_fingerprint:
-                check(method, version[0], fingerprint(state), result.fingerprints)
-            if i >= warmup:
-                times.append(result.seconds)
-                extras.append(result.extra)
-                net = result.net_bytes
-        stats = method.stats()
+            for method in methods:
+                advance_(state)
+                version[0] += 1
+                result = method.measure(version[0], state)
+                if method.checks_fingerprint:
+                    check(method, version[0], fingerprint(state), result.fingerprints)
+                if i >= warmup:
+                    times[method.name].append(result.seconds)
+                    extras[method.name].append(result.extra)
+                    net[method.name] = result.net_bytes
+        stats = {m.name: m.stats() for m in methods}
     finally:
-        method.teardown()
-    median = statistics.median(times)
-    row: dict[str, Any] = {
-        "scenario": method.scenario,
-        "method": method.name,
-        "size_bytes": spec_bytes(spec),
-        "readers": method.count,
-        "seconds": median,
-        "gbps": spec_bytes(spec) / median / 1e9,
-        "iterations": times,
-        "net_bytes_per_version": net,
-    }
-    for key in sorted({k for e in extras for k in e}):
-        row[key] = statistics.median(e[key] for e in extras if key in e)
-    if stats.get("fetch_seconds"):
-        fetch = statistics.median(stats["fetch_seconds"][-iterations:])
-        row["fetch_seconds"] = fetch
-        row["wire_gbps"] = row["size_bytes"] / fetch / 1e9
-    return row
+        for method in ready:
+            method.teardown()
+    rows = []
+    for method in methods:
+        median = statistics.median(times[method.name])
+        row: dict[str, Any] = {
+            "scenario": method.scenario,
+            "method": method.name,
+            "size_bytes": spec_bytes(spec),
+            "readers": method.count,
+            "seconds": median,
+            "gbps": spec_bytes(spec) / median / 1e9,
+            "iterations": times[method.name],
+            "net_bytes_per_version": net[method.name],
+        }
+        for key in sorted({k for e in extras[method.name] for k in e}):
+            row[key] = statistics.median(e[key] for e in extras[method.name] if key in e)
+        fetch_seconds = stats[method.name].get("fetch_seconds")
+        if fetch_seconds:
+            row["fetch_seconds"] = statistics.median(fetch_seconds[-iterations:])
+            row["wire_gbps"] = row["size_bytes"] / row["fetch_seconds"] / 1e9
+        rows.append(row)
+    return rows
+
+
+def run_method(
+    args: argparse.Namespace,
+    scenario: str,
+    name: str,
+    readers: int,
+    names: list[str],
+    specs: dict[str, Any],
+    states: dict[str, dict],
+    version: list[int],
+) -> list[dict[str, Any]]:
+    """Start a method (with its companion, if any) for ``readers`` and measure every size."""
+    methods = [next(m for m in methods_for(scenario, names) if m.name == name)]
+    companion = COMPANIONS.get((scenario, name))
+    if companion and readers == 1 and selected(companion, names):
+        methods.append(next(m for m in methods_for(scenario, names) if m.name == companion))
+    rows: list[dict[str, Any]] = []
+    for method in methods:
+        method.start(1 if method.name == "grpc-raw" else readers)
+    try:
+        for size_name, spec in specs.items():
+            size = SIZES[size_name]
+            if readers > 4 and size > 10**8:
+                continue
+            iterations = args.iterations if size < 10**9 else min(args.iterations, 3)
+            started = time.perf_counter()
+            try:
+                cell = run_cell(
+                    methods,
+                    spec,
+                    states[size_name],
+                    warmup=args.warmup,
+                    iterations=iterations,
+                    version=version,
+                )
+            except Exception as exc:  # record and go on: one peer failing must not lose the rest
+                cell = [
+                    {
+                        "scenario": scenario,
+                        "method": m.name,
+                        "size_bytes": spec_bytes(spec),
+                        "readers": readers,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                    for m in methods
+                ]
+            for row in cell:
+                row["model"] = args.model
+                shown = f"{row['seconds']:.4f}s" if "seconds" in row else row["error"][:80]
+                print(
+                    f"  ({scenario}) {size_name:>5s} x{row['readers']} {row['method']:22s} {shown}  "
+                    f"[{time.perf_counter() - started:.0f}s]",
+                    flush=True,
+                )
+            rows += cell
+            if any("error" in row for row in cell):
+                break  # the processes may be wedged: start afresh with the next reader count
+    finally:
+        for method in methods:
+            method.stop()
+    return rows
 
 
 def blocked_phase(args: argparse.Namespace, version: list[int]) -> dict[str, Any]:
@@ -300,53 +384,14 @@ def main(argv: list[str]) -> int:
     reader_counts = [int(r) for r in args.readers.split(",")]
     try:
         for scenario in args.scenarios.split(","):
-            for method_name in [m.name for m in methods_for(scenario, names)]:
-                if method_name.startswith("ray") and ray is None:
+            for name in [m.name for m in methods_for(scenario, names)]:
+                if name.startswith("ray") and ray is None:
                     continue
-                counts = (
-                    [1] if method_name == "grpc-raw" else reader_counts
-                )  # the transport ceiling: one stream
-                for readers in counts:
-                    method = next(m for m in methods_for(scenario, names) if m.name == method_name)
-                    method.start(readers)
-                    try:
-                        for size_name in sizes:
-                            size = SIZES[size_name]
-                            if readers > 4 and size > 10**8:
-                                continue
-                            iterations = args.iterations if size < 10**9 else min(args.iterations, 3)
-                            started = time.perf_counter()
-                            try:
-                                row = run_size(
-                                    method,
-                                    specs[size_name],
-                                    states[size_name],
-                                    warmup=args.warmup,
-                                    iterations=iterations,
-                                    version=version,
-                                )
-                            except (
-                                Exception
-                            ) as exc:  # record and go on: one peer failing must not lose the rest
-                                row = {
-                                    "scenario": scenario,
-                                    "method": method.name,
-                                    "size_bytes": spec_bytes(specs[size_name]),
-                                    "readers": readers,
-                                    "error": f"{type(exc).__name__}: {exc}",
-                                }
-                            row["model"] = args.model
-                            rows.append(row)
-                            shown = f"{row['seconds']:.4f}s" if "seconds" in row else row["error"][:80]
-                            print(
-                                f"  ({scenario}) {size_name:>5s} x{readers} {method.name:22s} {shown}  "
-                                f"[{time.perf_counter() - started:.0f}s]",
-                                flush=True,
-                            )
-                            if "error" in row:
-                                break  # the method's processes may be wedged: start afresh next time
-                    finally:
-                        method.stop()
+                partner = {c: p for (sc, p), c in COMPANIONS.items() if sc == scenario}.get(name)
+                if partner and selected(partner, names) and 1 in reader_counts:
+                    continue  # measured in turns with its partner
+                for readers in [1] if name == "grpc-raw" else reader_counts:  # raw: the one-stream ceiling
+                    rows += run_method(args, scenario, name, readers, names, specs, states, version)
         states.clear()
         if args.blocked_updates and "rlkube" in [n.split("-")[0] for n in names]:
             rows.append(blocked_phase(args, version))
