@@ -365,18 +365,25 @@ class BasePolicy(nn.Module, ABC):
         """Swap ``staged`` in under the rollout gate and record how long rollouts were blocked.
 
         Blocked time runs from the moment the gate closes (sync: the idle flag is claimed;
-        async: admission stops, so it includes draining in-flight requests) until it reopens.
+        async: admission stops, so it includes draining in-flight requests) until it reopens
+        (read just before reopening: a woken rollout may take the GIL first). The source's
+        optional ``after_commit`` runs once rollouts are free again (e.g. to release buffers).
         """
-        assert self._weight_source is not None
+        source = self._weight_source
+        assert source is not None
         self._pre_update_weights_hook()
         try:
-            self._weight_source.commit(self, staged)
+            source.commit(self, staged)
             self.weight_version = staged.version
         finally:
+            blocked = time.perf_counter() - self._gate_closed_at
             self._post_update_weights_hook()
-            self.update_block_seconds.append(time.perf_counter() - self._gate_closed_at)
+            self.update_block_seconds.append(blocked)
             if len(self.update_block_seconds) > 10_000:
                 del self.update_block_seconds[:5_000]
+            after_commit = getattr(source, "after_commit", None)
+            if after_commit is not None:
+                after_commit(self, staged)
 
     def _pre_update_weights_hook(self) -> None:
         self._gate_closed_at = time.perf_counter()

@@ -131,6 +131,7 @@ class ShmWeightSource:
         self._bindings: dict[tuple[int, str], list[Binding]] = {}
         self._shadows: _Shadows | None = None
         self._lock = threading.Lock()
+        self._to_release: list[Snapshot] = []
 
     def open(self) -> ShmWeightSource:
         self.reader.open()
@@ -176,7 +177,8 @@ class ShmWeightSource:
         return self._shadows.views[idle]
 
     def commit(self, policy: BasePolicy, staged: StagedWeights) -> None:
-        previous = staged.handle  # released below unless the model now uses its views
+        """Inside the gate: swap pointers only (no system call; the old pin goes in after_commit)."""
+        previous = staged.handle  # let go after the gate unless the model now uses its views
         try:
             with self._lock:
                 if swaps_pointers(policy):
@@ -189,7 +191,12 @@ class ShmWeightSource:
                 self.current_key = staged.extra["key"]
         finally:
             if previous is not None:
-                previous.release()
+                self._to_release.append(previous)
+
+    def after_commit(self, policy: BasePolicy, staged: StagedWeights) -> None:
+        """After the gate reopened: release the snapshot the model left (the writer may wait for it)."""
+        while self._to_release:
+            self._to_release.pop().release()
 
     def discard(self, staged: StagedWeights) -> None:
         """Drop a staged snapshot that will not be committed."""
@@ -199,6 +206,7 @@ class ShmWeightSource:
     def close(self) -> None:
         """Release the pin and detach. Call it only once the policy no longer runs rollouts."""
         with self._lock:
+            self.after_commit(None, None)  # type: ignore[arg-type]
             if self._held is not None:
                 self._held.release()
                 self._held = None
