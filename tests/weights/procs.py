@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from rlkube.weights.copies import buffer_checksum
 from rlkube.weights.layout import layout_of, pack_into_
-from rlkube.weights.shm import ShmReader, ShmWriter
+from rlkube.weights.shm import ShmWriter
+from rlkube.weights.shm_reader import ShmReader
 
 
 def say(**fields: object) -> None:

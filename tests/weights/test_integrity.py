@@ -15,7 +15,7 @@ from rlkube.weights.copies import buffer_checksum
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError
 from rlkube.weights.layout import LayoutError, WeightLayout, layout_of, pack_into_
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
-from rlkube.weights.shm import ShmReader
+from rlkube.weights.shm_reader import ShmReader
 from rlkube.weights.wire import SERVER_OPTIONS, SERVICE, chunk_framing, decode_chunk
 
 CHUNK = 1024

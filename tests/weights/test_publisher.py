@@ -8,7 +8,7 @@ import pytest
 import torch
 from rlkube.weights.copies import COPIES, buffer_checksum
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher, split_evenly
-from rlkube.weights.shm import ShmReader
+from rlkube.weights.shm_reader import ShmReader
 
 from tests.weights.tiny import tiny_policy
 

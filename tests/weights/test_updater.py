@@ -11,8 +11,8 @@ import pytest
 import torch
 from rlkube.envs.types import EnvRet, PolicyResponse
 from rlkube.policy.weight_source import StagedWeights
+from rlkube.weights.errors import SlotBusyError
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
-from rlkube.weights.shm import SlotBusyError
 from rlkube.weights.sources import ShmWatcher, ShmWeightSource
 
 from tests.weights.tiny import TinyPolicy, observation, tiny_policy

@@ -38,7 +38,8 @@ from rlkube.weights.layout import (
 )
 from rlkube.weights.locks import FileLock, describe_pids, lock_holders
 from rlkube.weights.service import VersionBoard, serve_weight_store
-from rlkube.weights.shm import TRAINER_LOCK, WRITER_LOCK, ShmWriter, attach, detach
+from rlkube.weights.shm import ShmWriter
+from rlkube.weights.shm_files import TRAINER_LOCK, WRITER_LOCK, attach, detach
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 if TYPE_CHECKING:

@@ -34,7 +34,8 @@ from rlkube.weights.copies import hash_list_root
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
 from rlkube.weights.layout import LayoutError, WeightLayout
 from rlkube.weights.service import newer
-from rlkube.weights.shm import ShmWriter, SlotLease, trainer_present
+from rlkube.weights.shm import ShmWriter, SlotLease
+from rlkube.weights.shm_files import trainer_present
 from rlkube.weights.shm_header import SlotMeta
 
 logger = logging.getLogger(__name__)

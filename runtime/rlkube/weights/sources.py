@@ -38,7 +38,8 @@ from rlkube.policy.base import BasePolicy, unwrap
 from rlkube.policy.weight_source import StagedWeights
 from rlkube.weights.copies import copy_slot_into_shadow
 from rlkube.weights.layout import LayoutError, WeightLayout, views_of
-from rlkube.weights.shm import ShmReader, Snapshot, notify_socket_path
+from rlkube.weights.shm_files import notify_socket_path
+from rlkube.weights.shm_reader import ShmReader, Snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
