@@ -22,12 +22,12 @@ from typing import Any
 import grpc
 import numpy as np
 import torch
-
-from benchmarks.weights.models import Spec
-from benchmarks.weights.readers import RayReader, reader_process
 from rlkube.weights.layout import layout_of, pack_into_
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES, SERVER_OPTIONS
+
+from benchmarks.weights.models import Spec
+from benchmarks.weights.readers import RayReader, reader_process
 
 StateDict = dict[str, dict[str, torch.Tensor]]
 SHM_ROOT = Path("/dev/shm")
@@ -116,7 +116,7 @@ class ProcessReaders:
 
 
 class Method:
-    """start(readers) once; then per size: setup(spec, state) -> measure(...)* -> stats() -> teardown(); stop()."""
+    """start(readers); per size: setup(spec, state), measure(...) repeatedly, stats(), teardown(); stop()."""
 
     name = ""
     scenario = ""
@@ -166,13 +166,21 @@ class Rlkube(Method):
                 slot_wait_timeout=300.0,
             )
         ).connect()
-        source = self.publisher.address or "127.0.0.1:1"  # (a): nobody fetches, the trainer writes the node's buffer
+        source = (
+            self.publisher.address or "127.0.0.1:1"
+        )  # (a): nobody fetches, the trainer writes the node's buffer
         node = str(self.root / "node")
         assert self.readers is not None
         self.readers.setup(
             [
-                {"spec": spec, "strategy": self.strategy, "shm_dir": node, "source": source,
-                 "streams": self.streams, "rank": rank}
+                {
+                    "spec": spec,
+                    "strategy": self.strategy,
+                    "shm_dir": node,
+                    "source": source,
+                    "streams": self.streams,
+                    "rank": rank,
+                }
                 for rank in range(self.count)
             ]
         )
@@ -209,7 +217,7 @@ class Rlkube(Method):
 
 
 class Ray(Method):
-    """Ray's object store: ``ray.put`` once, every reader actor ``ray.get`` + load (RLightning's CPU buffer)."""
+    """Ray's object store: ``ray.put`` once, each reader actor ``ray.get`` + load (RLightning's way)."""
 
     def __init__(self, scenario: str, variant: str) -> None:
         self.scenario = scenario
@@ -233,7 +241,9 @@ class Ray(Method):
         t0 = time.perf_counter()
         if self.variant.startswith("numpy"):  # bf16 has no numpy dtype: its bytes travel as int16
             payload: Any = {
-                m: {k: (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy() for k, t in p.items()}
+                m: {
+                    k: (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy() for k, t in p.items()
+                }
                 for m, p in state_dict.items()
             }
         else:
@@ -276,13 +286,22 @@ class Gloo(Method):
         variant = "flat" if self.variant == "flat" else "per_tensor"
         self.readers.setup(
             [
-                {"spec": spec, "init_method": self.init, "rank": r + 1, "world": self.count + 1, "variant": variant}
+                {
+                    "spec": spec,
+                    "init_method": self.init,
+                    "rank": r + 1,
+                    "world": self.count + 1,
+                    "variant": variant,
+                }
                 for r in range(self.count)
             ]
         )
         if not self.initialized:
             self.dist.init_process_group(
-                "gloo", init_method=self.init, rank=0, world_size=self.count + 1,
+                "gloo",
+                init_method=self.init,
+                rank=0,
+                world_size=self.count + 1,
                 timeout=datetime.timedelta(seconds=300),
             )
             self.initialized = True
@@ -305,7 +324,9 @@ class Gloo(Method):
             dist.broadcast(self.flat, src=0)
         else:
             for t in self.tensors:
-                dist.broadcast(t.view(torch.int16) if t.dtype == torch.bfloat16 else t, src=0)
+                dist.broadcast(
+                    t.view(torch.float16) if t.dtype == torch.bfloat16 else t, src=0
+                )  # gloo has no bf16
         loaded = self.readers.loaded()
         return Result(max(loaded) - t0, self.readers.fingerprints(), net_bytes=self.flat.numel() * self.count)
 
@@ -342,7 +363,9 @@ class RawGrpc(Method):
 
         self.server = grpc.server(futures.ThreadPoolExecutor(16), options=list(SERVER_OPTIONS))
         handler = grpc.unary_stream_rpc_method_handler(stream)
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Raw", {"Stream": handler}),))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("bench.Raw", {"Stream": handler}),)
+        )
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
         self.readers.setup([{"address": f"127.0.0.1:{port}"} for _ in range(self.count)])

@@ -13,10 +13,9 @@ import time
 from typing import Any
 
 import torch
-from torch import nn
-
 from rlkube.envs.types import EnvRet, PolicyResponse
 from rlkube.policy.base import BasePolicy
+from torch import nn
 
 # {module: {param: (shape, dtype name)}}
 Spec = dict[str, dict[str, tuple[tuple[int, ...], str]]]
@@ -44,7 +43,11 @@ def transformer_spec(size: int) -> Spec:
         body[f"{p}.mlp.up.weight"] = ((4 * d, d), "bfloat16")
         body[f"{p}.mlp.down.weight"] = ((d, 4 * d), "bfloat16")
     body["norm.weight"] = ((d,), "float32")
-    head = {"0.weight": ((256, d), "float32"), "0.bias": ((256,), "float32"), "2.weight": ((1, 256), "float32")}
+    head = {
+        "0.weight": ((256, d), "float32"),
+        "0.bias": ((256,), "float32"),
+        "2.weight": ((1, 256), "float32"),
+    }
     return {"model": body, "value_head": head}
 
 
@@ -63,7 +66,9 @@ SPECS = {"transformer": transformer_spec, "mlp": mlp_spec}
 
 def spec_bytes(spec: Spec) -> int:
     return sum(
-        math.prod(shape) * getattr(torch, dtype).itemsize for params in spec.values() for shape, dtype in params.values()
+        math.prod(shape) * getattr(torch, dtype).itemsize
+        for params in spec.values()
+        for shape, dtype in params.values()
     )
 
 
@@ -77,7 +82,9 @@ def build_module(params: dict[str, tuple[tuple[int, ...], str]]) -> nn.Module:
             if not hasattr(owner, part):
                 owner.add_module(part, nn.Module())
             owner = getattr(owner, part)
-        owner.register_parameter(leaf, nn.Parameter(torch.empty(shape, dtype=getattr(torch, dtype)), requires_grad=False))
+        owner.register_parameter(
+            leaf, nn.Parameter(torch.empty(shape, dtype=getattr(torch, dtype)), requires_grad=False)
+        )
     return root
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import os
 import threading
 import time
 import warnings
@@ -22,12 +23,12 @@ from typing import Any
 import grpc
 import numpy as np
 import torch
-
-from benchmarks.weights.models import BenchPolicy, Spec, build_module, fingerprint
 from rlkube.envs.types import EnvRet
 from rlkube.spec import PolicySpec
 from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
 from rlkube.weights.wire import CHANNEL_OPTIONS
+
+from benchmarks.weights.models import BenchPolicy, Spec, build_module, fingerprint
 
 warnings.filterwarnings("ignore", message=".*not writable.*")
 
@@ -105,7 +106,7 @@ class RlkubeReader:
 
 
 class GlooReader:
-    """A torch.distributed gloo rank that receives broadcasts into its model (per tensor, or one flat buffer)."""
+    """A gloo rank receiving broadcasts into its model (per tensor, or one flat buffer)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         import torch.distributed as dist
@@ -121,7 +122,9 @@ class GlooReader:
             )
         self.flat_mode = config["variant"] == "flat"
         self.modules = {m: build_module(params) for m, params in config["spec"].items()}
-        self.params = [self.modules[m].get_parameter(n) for m, params in config["spec"].items() for n in params]
+        self.params = [
+            self.modules[m].get_parameter(n) for m, params in config["spec"].items() for n in params
+        ]
         if self.flat_mode:  # parameters are views of the receive buffer: no copy after the broadcast
             total = sum(p.numel() * p.element_size() for p in self.params)
             self.flat = torch.empty(total, dtype=torch.uint8)
@@ -137,7 +140,9 @@ class GlooReader:
             self.dist.broadcast(self.flat, src=0)
         else:
             for p in self.params:
-                self.dist.broadcast(p.data.view(torch.int16) if p.dtype == torch.bfloat16 else p.data, src=0)
+                self.dist.broadcast(
+                    p.data.view(torch.float16) if p.dtype == torch.bfloat16 else p.data, src=0
+                )
         return time.perf_counter()
 
     def fingerprint(self) -> dict[str, float]:
@@ -157,7 +162,9 @@ class RawGrpcReader:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.channel = grpc.insecure_channel(config["address"], options=list(CHANNEL_OPTIONS))
-        self.call = self.channel.unary_stream("/bench.Raw/Stream", request_serializer=None, response_deserializer=None)
+        self.call = self.channel.unary_stream(
+            "/bench.Raw/Stream", request_serializer=None, response_deserializer=None
+        )
         self.durations: list[float] = []
 
     def expect(self, version: int) -> float:
@@ -182,8 +189,16 @@ class RawGrpcReader:
 READERS = {"rlkube": RlkubeReader, "gloo": GlooReader, "grpc-raw": RawGrpcReader}
 
 
+def _exit_with_parent() -> None:
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)  # the benchmark died: do not linger
+
+
 def reader_process(conn: Connection, kind: str) -> None:
     torch.set_num_threads(1)  # readers share the cores with each other and the trainer
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
     reader = None
     try:
         while True:

@@ -37,6 +37,8 @@ from benchmarks.weights.models import SPECS, advance_, fingerprint, make_state_d
 SIZES = {"1MB": 10**6, "4MB": 4 * 10**6, "10MB": 10**7, "100MB": 10**8, "1GB": 10**9}
 ALL_METHODS = "rlkube,ray,gloo,grpc-raw,memcpy-bound"
 INFORMATIONAL = {"ray-numpy-views"}  # not a path RLightning takes; shown, not used for the targets
+#: (scenario, method) -> a method measured in turns with it, version by version (same load)
+COMPANIONS = {("b", "rlkube"): "grpc-raw"}
 
 
 class BenchError(RuntimeError):
@@ -46,7 +48,9 @@ class BenchError(RuntimeError):
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rlkube bench weights", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write one row per measurement to this file")
-    parser.add_argument("--quick", action="store_true", help="small sizes and few iterations (used by a test)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes and few iterations (used by a test)"
+    )
     parser.add_argument("--sizes", default="10MB,100MB,1GB", help=f"comma list of {', '.join(SIZES)}")
     parser.add_argument("--readers", default="1,4,8", help="reader counts (8 only up to 100MB)")
     parser.add_argument("--scenarios", default="a,b")
@@ -54,7 +58,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", choices=sorted(SPECS), default="transformer")
     parser.add_argument("--iterations", type=int, default=5, help="measured versions per cell (3 at 1GB)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured versions first")
-    parser.add_argument("--blocked-updates", type=int, default=100, help="updates for the rollout-blocked p99")
+    parser.add_argument(
+        "--blocked-updates", type=int, default=100, help="updates for the rollout-blocked p99"
+    )
     parser.add_argument("--blocked-size", default="100MB")
     parser.add_argument("--blocked-readers", type=int, default=4)
     args = parser.parse_args(argv)
@@ -67,6 +73,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if name not in SIZES:
             parser.error(f"unknown size {name!r}: choose from {', '.join(SIZES)}")
     return args
+
+
+def selected(name: str, names: list[str]) -> bool:
+    """Whether a method is chosen by ``--methods`` (by name or by family, e.g. ``ray``)."""
+    return name in names or name.split("-")[0] in names
 
 
 def conditions() -> dict[str, Any]:
@@ -92,46 +103,126 @@ def check(method: Method, version: int, expected: dict[str, float], got: list[di
         for name, norm in expected.items():
             value = fp.get(name)
             if value is None or abs(value - norm) > 1e-5 * max(abs(norm), 1e-8):
-                raise BenchError(f"{method.name}: reader {i} has {name}={value} at version {version}, expected {norm}")
+                raise BenchError(
+                    f"{method.name}: reader {i} has {name}={value} at version {version}, expected {norm}"
+                )
 
 
-def run_size(method: Method, spec: Any, state: dict, *, warmup: int, iterations: int,
-             version: list[int]) -> dict[str, Any]:
-    """One cell: the started method, set up for one state dict, measured ``iterations`` times."""
-    times, extras, net = [], [], 0
-    method.setup(spec, state)
+def run_cell(
+    methods: list[Method], spec: Any, state: dict, *, warmup: int, iterations: int, version: list[int]
+) -> list[dict[str, Any]]:
+    """One cell: started methods set up for one state dict, measured in turns ``iterations`` times.
+
+    Several methods (rlkube and the raw gRPC stream in scenario (b)) alternate version by
+    version, so that a change in the machine's load hits them alike.
+    """
+    times: dict[str, list[float]] = {m.name: [] for m in methods}
+    extras: dict[str, list[dict[str, float]]] = {m.name: [] for m in methods}
+    net: dict[str, int] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    ready: list[Method] = []
     try:
+        for method in methods:
+            method.setup(spec, state)
+            ready.append(method)
         for i in range(warmup + iterations):
-            advance_(state)
-            version[0] += 1
-            result = method.measure(version[0], state)
-            if method.checks_fingerprint:
-                check(method, version[0], fingerprint(state), result.fingerprints)
-            if i >= warmup:
-                times.append(result.seconds)
-                extras.append(result.extra)
-                net = result.net_bytes
-        stats = method.stats()
+            for method in methods:
+                advance_(state)
+                version[0] += 1
+                result = method.measure(version[0], state)
+                if method.checks_fingerprint:
+                    check(method, version[0], fingerprint(state), result.fingerprints)
+                if i >= warmup:
+                    times[method.name].append(result.seconds)
+                    extras[method.name].append(result.extra)
+                    net[method.name] = result.net_bytes
+        stats = {m.name: m.stats() for m in methods}
     finally:
-        method.teardown()
-    median = statistics.median(times)
-    row: dict[str, Any] = {
-        "scenario": method.scenario,
-        "method": method.name,
-        "size_bytes": spec_bytes(spec),
-        "readers": method.count,
-        "seconds": median,
-        "gbps": spec_bytes(spec) / median / 1e9,
-        "iterations": times,
-        "net_bytes_per_version": net,
-    }
-    for key in sorted({k for e in extras for k in e}):
-        row[key] = statistics.median(e[key] for e in extras if key in e)
-    if stats.get("fetch_seconds"):
-        fetch = statistics.median(stats["fetch_seconds"][-iterations:])
-        row["fetch_seconds"] = fetch
-        row["wire_gbps"] = row["size_bytes"] / fetch / 1e9
-    return row
+        for method in ready:
+            method.teardown()
+    rows = []
+    for method in methods:
+        median = statistics.median(times[method.name])
+        row: dict[str, Any] = {
+            "scenario": method.scenario,
+            "method": method.name,
+            "size_bytes": spec_bytes(spec),
+            "readers": method.count,
+            "seconds": median,
+            "gbps": spec_bytes(spec) / median / 1e9,
+            "iterations": times[method.name],
+            "net_bytes_per_version": net[method.name],
+        }
+        for key in sorted({k for e in extras[method.name] for k in e}):
+            row[key] = statistics.median(e[key] for e in extras[method.name] if key in e)
+        fetch_seconds = stats[method.name].get("fetch_seconds")
+        if fetch_seconds:
+            row["fetch_seconds"] = statistics.median(fetch_seconds[-iterations:])
+            row["wire_gbps"] = row["size_bytes"] / row["fetch_seconds"] / 1e9
+        rows.append(row)
+    return rows
+
+
+def run_method(
+    args: argparse.Namespace,
+    scenario: str,
+    name: str,
+    readers: int,
+    names: list[str],
+    specs: dict[str, Any],
+    states: dict[str, dict],
+    version: list[int],
+) -> list[dict[str, Any]]:
+    """Start a method (with its companion, if any) for ``readers`` and measure every size."""
+    methods = [next(m for m in methods_for(scenario, names) if m.name == name)]
+    companion = COMPANIONS.get((scenario, name))
+    if companion and readers == 1 and selected(companion, names):
+        methods.append(next(m for m in methods_for(scenario, names) if m.name == companion))
+    rows: list[dict[str, Any]] = []
+    for method in methods:
+        method.start(1 if method.name == "grpc-raw" else readers)
+    try:
+        for size_name, spec in specs.items():
+            size = SIZES[size_name]
+            if readers > 4 and size > 10**8:
+                continue
+            iterations = args.iterations if size < 10**9 else min(args.iterations, 3)
+            started = time.perf_counter()
+            try:
+                cell = run_cell(
+                    methods,
+                    spec,
+                    states[size_name],
+                    warmup=args.warmup,
+                    iterations=iterations,
+                    version=version,
+                )
+            except Exception as exc:  # record and go on: one peer failing must not lose the rest
+                cell = [
+                    {
+                        "scenario": scenario,
+                        "method": m.name,
+                        "size_bytes": spec_bytes(spec),
+                        "readers": readers,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                    for m in methods
+                ]
+            for row in cell:
+                row["model"] = args.model
+                shown = f"{row['seconds']:.4f}s" if "seconds" in row else row["error"][:80]
+                print(
+                    f"  ({scenario}) {size_name:>5s} x{row['readers']} {row['method']:22s} {shown}  "
+                    f"[{time.perf_counter() - started:.0f}s]",
+                    flush=True,
+                )
+            rows += cell
+            if any("error" in row for row in cell):
+                break  # the processes may be wedged: start afresh with the next reader count
+    finally:
+        for method in methods:
+            method.stop()
+    return rows
 
 
 def blocked_phase(args: argparse.Namespace, version: list[int]) -> dict[str, Any]:
@@ -177,7 +268,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     for (scenario, size, readers), group in sorted(cells.items()):
         ours = next((r for r in group if r["method"] == "rlkube" and "error" not in r), None)
         out.append(f"\nscenario ({scenario})  {fmt_bytes(size)}  readers={readers}")
-        out.append(f"  {'method':24s} {'seconds':>9s} {'GB/s':>7s} {'vs rlkube':>10s} {'net/version':>12s}  notes")
+        out.append(
+            f"  {'method':24s} {'seconds':>9s} {'GB/s':>7s} {'vs rlkube':>10s} {'net/version':>12s}  notes"
+        )
         for r in group:
             if "error" in r:
                 out.append(f"  {r['method']:24s} {'failed':>9s}  {r['error'][:70]}")
@@ -191,7 +284,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             if r["method"] in INFORMATIONAL:
                 notes.append("not RLightning's path")
             net = fmt_bytes(r["net_bytes_per_version"]) if r.get("net_bytes_per_version") else "-"
-            out.append(f"  {r['method']:24s} {r['seconds']:9.4f} {r['gbps']:7.2f} {ratio:>10s} {net:>12s}  {', '.join(notes)}")
+            figures = f"{r['seconds']:9.4f} {r['gbps']:7.2f} {ratio:>10s} {net:>12s}"
+            out.append(f"  {r['method']:24s} {figures}  {', '.join(notes)}")
     return "\n".join(out)
 
 
@@ -201,42 +295,56 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     a = [r for r in ok if r["scenario"] == "a"]
     if a:
         size = max(r["size_bytes"] for r in a)
-        readers = 4 if any(r["readers"] == 4 and r["size_bytes"] == size for r in a) else max(r["readers"] for r in a)
+        readers = (
+            4
+            if any(r["readers"] == 4 and r["size_bytes"] == size for r in a)
+            else max(r["readers"] for r in a)
+        )
         cell = [r for r in a if r["size_bytes"] == size and r["readers"] == readers]
         ours = next((r for r in cell if r["method"] == "rlkube"), None)
-        peers = [r for r in cell if r["method"].startswith(("ray", "gloo")) and r["method"] not in INFORMATIONAL]
+        peers = [
+            r for r in cell if r["method"].startswith(("ray", "gloo")) and r["method"] not in INFORMATIONAL
+        ]
         if ours and peers:
             best = min(peers, key=lambda r: r["seconds"])
             ratio = best["seconds"] / ours["seconds"]
+            verdict = "PASS" if ratio >= 2 else "FAIL"
             lines.append(
-                f"(a) {fmt_bytes(size)}, {readers} readers: rlkube {ours['seconds']:.3f}s, best peer {best['method']} "
-                f"{best['seconds']:.3f}s -> {ratio:.2f}x faster (target >= 2x: {'PASS' if ratio >= 2 else 'FAIL'})"
+                f"(a) {fmt_bytes(size)}, {readers} readers: rlkube {ours['seconds']:.3f}s, best peer "
+                f"{best['method']} {best['seconds']:.3f}s -> {ratio:.2f}x faster (target >= 2x: {verdict})"
             )
             for info in (r for r in cell if r["method"] in INFORMATIONAL):
-                lines.append(f"    for reference {info['method']} {info['seconds']:.3f}s ({info['seconds'] / ours['seconds']:.2f}x)")
+                share = info["seconds"] / ours["seconds"]
+                lines.append(f"    for reference {info['method']} {info['seconds']:.3f}s ({share:.2f}x)")
     b = [r for r in ok if r["scenario"] == "b"]
     if b:
         size = max(r["size_bytes"] for r in b)
-        raw = next((r for r in b if r["method"] == "grpc-raw" and r["size_bytes"] == size and r["readers"] == 1), None)
+        raw = next(
+            (r for r in b if r["method"] == "grpc-raw" and r["size_bytes"] == size and r["readers"] == 1),
+            None,
+        )
         for ours in (r for r in b if r["method"] == "rlkube" and r["size_bytes"] == size):
             line = f"(b) {fmt_bytes(size)}, {ours['readers']} readers: end to end {ours['gbps']:.2f} GB/s"
             if "wire_gbps" in ours:
-                line += f", wire {ours['wire_gbps']:.2f} GB/s (target >= 1.0: {'PASS' if ours['wire_gbps'] >= 1 else 'FAIL'})"
+                verdict = "PASS" if ours["wire_gbps"] >= 1 else "FAIL"
+                line += f", wire {ours['wire_gbps']:.2f} GB/s (target >= 1.0: {verdict})"
             if raw:
                 share = ours.get("wire_gbps", ours["gbps"]) / raw["gbps"]
+                verdict = "PASS" if share >= 0.9 else "FAIL"
                 line += (
                     f"; raw gRPC {raw['gbps']:.2f} GB/s -> wire {share:.0%}, end to end "
-                    f"{ours['gbps'] / raw['gbps']:.0%} of raw (target >= 90%: {'PASS' if share >= 0.9 else 'FAIL'})"
+                    f"{ours['gbps'] / raw['gbps']:.0%} of raw (target >= 90%: {verdict})"
                 )
             net = ours["net_bytes_per_version"]
             line += f"; {fmt_bytes(net)} over the network per version for the node"
             lines.append(line)
     for r in rows:
         if "p99_ms" in r:
+            verdict = "PASS" if r["p99_ms"] <= 5 else "FAIL"
             lines.append(
-                f"rollout blocked per update ({fmt_bytes(r['size_bytes'])}, {r['readers']} readers, {r['updates']} "
-                f"updates): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms "
-                f"(target p99 <= 5 ms: {'PASS' if r['p99_ms'] <= 5 else 'FAIL'})"
+                f"rollout blocked per update ({fmt_bytes(r['size_bytes'])}, {r['readers']} readers, "
+                f"{r['updates']} commits): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, "
+                f"max {r['max_ms']:.3f} ms (target p99 <= 5 ms: {verdict})"
             )
     return lines
 
@@ -246,8 +354,11 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)  # every copy single-threaded (intra-op threads thrash on a busy 2-core box)
     names = [n for n in args.methods.split(",") if n]
     env = conditions()
-    print(f"rlkube bench weights: {env['cpus']} CPUs, load average {env['loadavg_at_start']}, torch {env['torch']}, "
-          f"ray {env['ray'] or 'not installed (pip install -e .[bench])'}", flush=True)
+    print(
+        f"rlkube bench weights: {env['cpus']} CPUs, load average {env['loadavg_at_start']}, "
+        f"torch {env['torch']}, ray {env['ray'] or 'not installed (pip install -e .[bench])'}",
+        flush=True,
+    )
     wants_ray = any(n.startswith("ray") for n in names)
     ray = None
     if wants_ray:
@@ -273,36 +384,14 @@ def main(argv: list[str]) -> int:
     reader_counts = [int(r) for r in args.readers.split(",")]
     try:
         for scenario in args.scenarios.split(","):
-            for method_name in [m.name for m in methods_for(scenario, names)]:
-                if method_name.startswith("ray") and ray is None:
+            for name in [m.name for m in methods_for(scenario, names)]:
+                if name.startswith("ray") and ray is None:
                     continue
-                counts = [1] if method_name == "grpc-raw" else reader_counts  # the transport ceiling: one stream
-                for readers in counts:
-                    method = next(m for m in methods_for(scenario, names) if m.name == method_name)
-                    method.start(readers)
-                    try:
-                        for size_name in sizes:
-                            size = SIZES[size_name]
-                            if readers > 4 and size > 10**8:
-                                continue
-                            iterations = args.iterations if size < 10**9 else min(args.iterations, 3)
-                            started = time.perf_counter()
-                            try:
-                                row = run_size(method, specs[size_name], states[size_name], warmup=args.warmup,
-                                               iterations=iterations, version=version)
-                            except Exception as exc:  # record and go on: one peer failing must not lose the rest
-                                row = {"scenario": scenario, "method": method.name,
-                                       "size_bytes": spec_bytes(specs[size_name]), "readers": readers,
-                                       "error": f"{type(exc).__name__}: {exc}"}
-                            row["model"] = args.model
-                            rows.append(row)
-                            shown = f"{row['seconds']:.4f}s" if "seconds" in row else row["error"][:80]
-                            print(f"  ({scenario}) {size_name:>5s} x{readers} {method.name:22s} {shown}  "
-                                  f"[{time.perf_counter() - started:.0f}s]", flush=True)
-                            if "error" in row:
-                                break  # the method's processes may be wedged: start afresh next time
-                    finally:
-                        method.stop()
+                partner = {c: p for (sc, p), c in COMPANIONS.items() if sc == scenario}.get(name)
+                if partner and selected(partner, names) and 1 in reader_counts:
+                    continue  # measured in turns with its partner
+                for readers in [1] if name == "grpc-raw" else reader_counts:  # raw: the one-stream ceiling
+                    rows += run_method(args, scenario, name, readers, names, specs, states, version)
         states.clear()
         if args.blocked_updates and "rlkube" in [n.split("-")[0] for n in names]:
             rows.append(blocked_phase(args, version))

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import torch
-from rlkube.weights.copies import checksum
+from rlkube.weights.copies import buffer_checksum
 from rlkube.weights.layout import layout_of, pack_into_
-from rlkube.weights.shm import ShmReader, ShmWriter
+from rlkube.weights.shm import ShmWriter
+from rlkube.weights.shm_reader import ShmReader
 
 
 def say(**fields: object) -> None:
@@ -38,7 +39,7 @@ def publish(writer: ShmWriter, version: int, *, incarnation: str = "test", scale
     layout = layout_of(sd)
     lease = writer.begin(version=version, incarnation=incarnation, layout=layout)
     pack_into_(lease.tensor, sd, layout)
-    writer.commit(lease, checksum=checksum(lease.array))
+    writer.commit(lease, checksum=buffer_checksum(lease.array, 4096), chunk_bytes=4096)
 
 
 def snapshot_problems(views: dict[str, dict[str, torch.Tensor]], version: int) -> list[str]:
@@ -109,7 +110,7 @@ def eval_worker(directory: str, address: str, worker_id: str, strategy: str) -> 
     from tests.weights.tiny import observation, tiny_policy
 
     policy = tiny_policy("eval", strategy=strategy, seed=7)
-    plane = EvalWeightPlane(EvalPlaneConfig(strategy, Path(directory), address, worker_id, chunk_bytes=1024))
+    plane = EvalWeightPlane(EvalPlaneConfig(strategy, Path(directory), address, worker_id))
     plane.attach(policy)
     policy.init_eval()
     plane.start(policy)

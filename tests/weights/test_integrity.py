@@ -11,10 +11,11 @@ import pytest
 import torch
 import xxhash
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.weights.copies import buffer_checksum
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError
 from rlkube.weights.layout import LayoutError, WeightLayout, layout_of, pack_into_
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
-from rlkube.weights.shm import ShmReader
+from rlkube.weights.shm_reader import ShmReader
 from rlkube.weights.wire import SERVER_OPTIONS, SERVICE, chunk_framing, decode_chunk
 
 CHUNK = 1024
@@ -60,7 +61,8 @@ class FakeStore:
             version=number,
             layout_digest=self.layout.digest,
             total_bytes=self.layout.total_bytes,
-            checksum=xxhash.xxh3_64_intdigest(self.data),
+            checksum=buffer_checksum(self.data, CHUNK),
+            chunk_bytes=CHUNK,
             incarnation=incarnation,
         )
         for key, value in changes.items():
@@ -77,13 +79,14 @@ class FakeStore:
 
     def fetch(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         end = request.offset + (request.length or len(self.data))
-        offsets = list(range(request.offset, end, CHUNK))
+        step = CHUNK // 2 if self.tamper == "half-chunks" else CHUNK
+        offsets = list(range(request.offset, end, step))
         if self.tamper == "truncate":
             offsets = offsets[:-1]
         if self.tamper == "gap":
             del offsets[1]
         for i, offset in enumerate(offsets):
-            payload = bytearray(self.data[offset : min(offset + CHUNK, end)])
+            payload = bytearray(self.data[offset : min(offset + step, end)])
             csum = xxhash.xxh3_64_intdigest(bytes(payload))
             if self.tamper == "corrupt" and i == 2:
                 payload[7] ^= 0xFF
@@ -104,7 +107,7 @@ def store() -> Iterator[FakeStore]:
 
 @pytest.fixture
 def node(shm_dir: Path, store: FakeStore) -> Iterator[tuple[NodeReceiver, ShmReader]]:
-    receiver = NodeReceiver(ReceiverConfig(shm_dir=shm_dir, source=store.address, chunk_bytes=CHUNK))
+    receiver = NodeReceiver(ReceiverConfig(shm_dir=shm_dir, source=store.address))
     receiver.apply(store.version(1))
     reader = ShmReader(shm_dir, verify=True).open()
     yield receiver, reader
@@ -126,6 +129,7 @@ def assert_still_serving_version_1(receiver: NodeReceiver, reader: ShmReader) ->
         ("truncate", r"version inc-1/2 from .*: truncated: received \d+ of \d+ bytes"),
         ("gap", r"chunk at offset 2048, expected offset 1024"),
         ("wrong-version", r"received a chunk of version 3"),
+        ("half-chunks", r"chunk at offset 0 has 512 bytes; the grid is 1024"),
     ],
 )
 def test_bad_chunks_are_rejected_and_the_readable_version_stays(

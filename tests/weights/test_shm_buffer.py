@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from rlkube.weights.errors import SlotBusyError, WriterBusyError
 from rlkube.weights.layout import layout_of
-from rlkube.weights.shm import ShmReader, ShmWriter, SlotBusyError, WriterBusyError
+from rlkube.weights.shm import ShmWriter
 from rlkube.weights.shm_header import HEADER_BYTES, SlotState
+from rlkube.weights.shm_reader import ShmReader
 
 from tests.weights.conftest import Helper
 from tests.weights.procs import filled_state_dict, publish, snapshot_problems

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from rlkube.weights.consistency import verify_eval_weight_consistency
+from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
 
@@ -29,10 +31,14 @@ def test_train_and_eval_fingerprints_match_after_a_sync(strategy: str, shm_dir: 
     trainer = tiny_policy("train", hidden=HIDDEN)
     trainer.init_train()
     rank0 = WeightPublisher(
-        PublisherConfig(shm_dir=shm_dir / "rank0", listen="127.0.0.1:0", incarnation="job-a")
+        PublisherConfig(
+            shm_dir=shm_dir / "rank0", listen="127.0.0.1:0", incarnation="job-a", chunk_bytes=CHUNK
+        )
     ).connect()
     rank1 = WeightPublisher(
-        PublisherConfig(shm_dir=shm_dir / "rank1", listen="127.0.0.1:0", incarnation="job-a")
+        PublisherConfig(
+            shm_dir=shm_dir / "rank1", listen="127.0.0.1:0", incarnation="job-a", chunk_bytes=CHUNK
+        )
     ).connect()
     rank0.config = PublisherConfig(**{**rank0.config.__dict__, "peers": (rank1.address,)})
     evaluators, planes = [], []
@@ -40,9 +46,7 @@ def test_train_and_eval_fingerprints_match_after_a_sync(strategy: str, shm_dir: 
         for i in range(2):
             policy = tiny_policy("eval", strategy=strategy, hidden=HIDDEN, seed=100 + i)
             plane = EvalWeightPlane(
-                EvalPlaneConfig(
-                    strategy, shm_dir / "node", rank0.address, f"eval-{i}", streams=3, chunk_bytes=CHUNK
-                )
+                EvalPlaneConfig(strategy, shm_dir / "node", rank0.address, f"eval-{i}", streams=3)
             )
             plane.attach(policy)
             policy.init_eval()
@@ -103,3 +107,50 @@ def test_eval_policies_on_the_trainers_node_read_its_buffer_without_any_fetch(sh
         finally:
             policy.close()
             plane.close()
+
+
+def test_a_restarted_trainer_takes_its_node_directory_back_and_readers_follow_the_new_incarnation(
+    shm_dir: Path,
+) -> None:
+    trainer = tiny_policy("train")
+    trainer.init_train()
+    first = WeightPublisher(
+        PublisherConfig(shm_dir=shm_dir, listen="127.0.0.1:0", incarnation="run-1")
+    ).connect()
+    policy = tiny_policy("eval", strategy="Shared", seed=3)
+    plane = EvalWeightPlane(EvalPlaneConfig("Shared", shm_dir, first.address, "eval-0"))
+    plane.attach(policy)
+    policy.init_eval()
+    plane.start(policy)
+    second = None
+    try:
+        for _ in range(3):
+            first.send(trainer.get_trainable_parameters())
+        assert plane.sync(policy, min_version=3, timeout=30) == ("run-1", 3)
+        first.close()  # train rank 0 dies: the eval process becomes the directory's receiver
+        deadline = time.monotonic() + 10
+        while not plane.receiver.elected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert plane.receiver.elected
+        trainer.train()
+        second = WeightPublisher(
+            PublisherConfig(shm_dir=shm_dir, listen="127.0.0.1:0", incarnation="run-2", takeover_timeout=10)
+        ).connect()
+        assert not plane.receiver.elected
+        version = second.send(trainer.get_trainable_parameters())
+        assert version == 1  # counts from 1 again: lower than what the readers hold
+        assert plane.sync(policy, min_version=1, incarnation="run-2", timeout=30) == ("run-2", 1)
+        assert_same_weights(trainer, policy)
+    finally:
+        policy.close()
+        plane.close()
+        if second is not None:
+            second.close()
+
+
+def test_a_second_trainer_on_the_same_directory_is_refused(shm_dir: Path) -> None:
+    with (
+        WeightPublisher(PublisherConfig(shm_dir=shm_dir)),
+        pytest.raises(WriterBusyError, match="another trainer publishes into"),
+    ):
+        WeightPublisher(PublisherConfig(shm_dir=shm_dir)).connect()

@@ -11,8 +11,8 @@ import pytest
 import torch
 from rlkube.envs.types import EnvRet, PolicyResponse
 from rlkube.policy.weight_source import StagedWeights
+from rlkube.weights.errors import SlotBusyError
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
-from rlkube.weights.shm import SlotBusyError
 from rlkube.weights.sources import ShmWatcher, ShmWeightSource
 
 from tests.weights.tiny import TinyPolicy, observation, tiny_policy
@@ -172,16 +172,16 @@ def test_an_async_request_keeps_waiting_when_the_gate_reopens_and_closes_before_
 
     async def scenario() -> None:
         policy.init_eval()
-        gate = policy._accept_new_requests
-        gate.clear()  # an update is committing
+        gate = policy._admission
+        gate.close_and_drain(timeout=0)  # an update is committing
         request = asyncio.ensure_future(policy._rollout_async(observation()))
         await asyncio.sleep(0)  # the request now waits at the gate
-        gate.set()  # that update ends ...
-        gate.clear()  # ... and the next one closes the gate before the request ran
+        gate.reopen()  # that update ends ...
+        gate.close_and_drain(timeout=0)  # ... and the next one closes the gate before the request ran
         await asyncio.sleep(0.01)
         assert not request.done()
         assert policy.num_requests == 0
-        gate.set()
+        gate.reopen()
         await request
 
     asyncio.run(scenario())
@@ -196,11 +196,11 @@ def test_wait_for_weight_update_done_returns_only_after_the_commit(shm_dir: Path
         try:
             assert policy.wait_for_weight_update_done(timeout=0)  # nothing requested yet
             version = publisher.send(trainer.get_trainable_parameters())
-            policy._idle_as_infer.clear()  # a long rollout step holds the gate
+            policy._idle_gate.acquire()  # a long rollout step holds the gate
             policy.notify_update_weights()
             assert not policy.wait_for_weight_update_done(timeout=0.3)
             assert policy.weight_version == -1
-            policy._idle_as_infer.set()  # the step ends
+            policy._idle_gate.release()  # the step ends
             assert policy.wait_for_weight_update_done(timeout=10)
             assert policy.weight_version == version
             fingerprint = policy.get_param_fingerprint()

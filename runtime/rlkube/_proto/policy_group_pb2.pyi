@@ -61,7 +61,7 @@ class WeightLayout(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., total_bytes: _Optional[int] = ..., alignment: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WeightEntry, _Mapping]]] = ...) -> None: ...
 
 class WeightVersion(_message.Message):
-    __slots__ = ("version", "layout_digest", "total_bytes", "checksum", "incarnation", "published_at", "sources", "fingerprint")
+    __slots__ = ("version", "layout_digest", "total_bytes", "checksum", "incarnation", "published_at", "sources", "fingerprint", "chunk_bytes")
     class FingerprintEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class WeightVersion(_message.Message):
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     version: int
     layout_digest: str
     total_bytes: int
@@ -85,7 +86,8 @@ class WeightVersion(_message.Message):
     published_at: float
     sources: _containers.RepeatedScalarFieldContainer[str]
     fingerprint: _containers.ScalarMap[str, float]
-    def __init__(self, version: _Optional[int] = ..., layout_digest: _Optional[str] = ..., total_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., incarnation: _Optional[str] = ..., published_at: _Optional[float] = ..., sources: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    chunk_bytes: int
+    def __init__(self, version: _Optional[int] = ..., layout_digest: _Optional[str] = ..., total_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., incarnation: _Optional[str] = ..., published_at: _Optional[float] = ..., sources: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[_Mapping[str, float]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class GetLayoutRequest(_message.Message):
     __slots__ = ("layout_digest",)

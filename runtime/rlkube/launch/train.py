@@ -109,18 +109,18 @@ def open_publisher(job: RLJob, env: PodEnv, *, incarnation: str | None = None) -
     """This rank's weight publisher, serving on the weight port.
 
     Rank 0 writes the node's shared buffer directory, so eval pods on its node read the slots
-    directly. If an eval pod's receiver already writes that directory (it took over while rank 0
-    restarted), rank 0 uses a private directory and that node's pods fetch over gRPC instead.
-    Other ranks always use a private directory.
+    directly; an eval pod's receiver that writes it (it took over while rank 0 restarted) hands it
+    back. If it does not in time, rank 0 uses a private directory and that node's pods fetch over
+    gRPC instead. Other ranks always use a private directory.
     """
     private = Path(env.shm_dir) / f"train-rank-{env.rank}"
     candidates = [Path(env.shm_dir), private] if env.rank == 0 else [private]
     for directory in candidates:
-        config = PublisherConfig(
+        config = PublisherConfig.from_spec(
+            job.spec.policy.weight_buffer,
             shm_dir=directory,
             listen=f"0.0.0.0:{env.weight_port}",
             advertise=advertised(env),
-            chunk_bytes=job.spec.policy.weight_buffer.chunk_bytes,
             incarnation=incarnation,
         )
         try:

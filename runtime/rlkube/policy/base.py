@@ -353,18 +353,32 @@ class BasePolicy(nn.Module, ABC):
         return staged.version
 
     def commit_staged_weights(self, staged: StagedWeights) -> None:
-        """Swap ``staged`` in under the rollout gate and record how long rollouts were blocked."""
-        assert self._weight_source is not None
-        started = time.perf_counter()
+        """Swap ``staged`` in under the rollout gate and record how long rollouts were blocked.
+
+        Blocked time runs from the moment the gate closes to rollouts (sync: once the step in
+        flight has finished; async: when admission stops, so draining admitted requests counts)
+        until just before it reopens (a woken rollout may take the GIL first). The source's
+        optional ``after_commit(policy, staged)`` runs once rollouts are free again (e.g. to
+        release the previous snapshot).
+        """
+        source = self._weight_source
+        assert source is not None
+        closed = time.perf_counter()
         self._pre_update_weights_hook()
+        if self._idle_gate is not None:
+            closed = time.perf_counter()
         try:
-            self._weight_source.commit(self, staged)
+            source.commit(self, staged)
             self.weight_version = staged.version
         finally:
+            blocked = time.perf_counter() - closed
             self._post_update_weights_hook()
-            self.update_block_seconds.append(time.perf_counter() - started)
+            self.update_block_seconds.append(blocked)
             if len(self.update_block_seconds) > 10_000:
                 del self.update_block_seconds[:5_000]
+        after_commit = getattr(source, "after_commit", None)
+        if after_commit is not None:
+            after_commit(self, staged)
 
     def _pre_update_weights_hook(self) -> None:
         """Enter the rollout gate: wait for the step in flight (sync) or drain admitted requests (async)."""

@@ -8,7 +8,10 @@ rollouts are blocked only for the second:
    complete snapshot and makes it ready to use (maps views into shared memory, or copies into a
    shadow buffer on the accelerator). It returns ``None`` when there is nothing newer.
 2. ``commit()`` runs *inside* the gate (no rollout step in flight): it makes the policy use the
-   staged tensors, ideally by swapping storage pointers, and releases the previous snapshot.
+   staged tensors, ideally by swapping storage pointers.
+3. ``after_commit()`` (optional) runs once the gate is open again: release the previous
+   snapshot there, so that no system call (which may hand the GIL to another thread) happens
+   while rollouts wait.
 """
 
 from __future__ import annotations
@@ -38,5 +41,7 @@ class WeightSource(Protocol):
     def stage(self, policy: BasePolicy) -> StagedWeights | None: ...
 
     def commit(self, policy: BasePolicy, staged: StagedWeights) -> None: ...
+
+    # Optional: ``def after_commit(self, policy: BasePolicy, staged: StagedWeights) -> None``.
 
     def close(self) -> None: ...

@@ -13,15 +13,13 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
-import xxhash
 
 from rlkube._proto import policy_group_pb2 as pb
-from rlkube.weights.copies import checksum, checksum_update, copy_message_into_slot
+from rlkube.weights.copies import checksum, copy_message_into_slot
 from rlkube.weights.errors import FetchError, IntegrityError
 from rlkube.weights.layout import WeightLayout
 from rlkube.weights.wire import (
     CHANNEL_OPTIONS,
-    DEFAULT_CHUNK_BYTES,
     FETCH_METHOD,
     LAYOUT_METHOD,
     WATCH_METHOD,
@@ -128,23 +126,30 @@ class WeightStoreClient:
         *,
         offset: int = 0,
         length: int | None = None,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        hasher: xxhash.xxh3_64 | None = None,
+        digests: dict[int, int] | None = None,
     ) -> FetchResult:
         """Fetch ``[offset, offset+length)`` of ``version`` into ``dst[offset:offset+length]`` (uint8).
 
-        With ``hasher``, the bytes also feed a running whole-buffer checksum (in order).
+        Chunks follow the version's checksum grid (``version.chunk_bytes``; ``offset`` must be on
+        it). Each chunk is checked (version, order, size, xxh3) before its bytes are copied once;
+        its verified digest goes to ``digests[offset]``, from which the caller checks the
+        version's hash-list root without reading the bytes again.
         """
         assert self._channel is not None, "connect() first"
+        grid = version.chunk_bytes
         end = version.total_bytes if length is None else offset + length
         if not (0 <= offset <= end <= version.total_bytes) or end > dst.shape[0]:
             raise ValueError(f"range [{offset}, {end}) does not fit version {version.version} / the buffer")
+        if grid <= 0 or offset % grid:
+            raise ValueError(
+                f"offset {offset} is not on version {version.version}'s chunk grid ({grid} bytes)"
+            )
         request = pb.FetchWeightsRequest(
             version=version.version,
             layout_digest=version.layout_digest,
             offset=offset,
             length=end - offset,
-            chunk_bytes=chunk_bytes,
+            chunk_bytes=grid,
             incarnation=version.incarnation,
         )
         where = f"version {version.incarnation}/{version.version} from {self.address}"
@@ -161,17 +166,18 @@ class WeightStoreClient:
                     raise IntegrityError(
                         f"{where}: chunk at offset {chunk.offset}, expected offset {expected}"
                     )
-                if expected + n > end or n == 0:
+                if n != min(grid, version.total_bytes - expected) or expected + n > end:
                     raise IntegrityError(
-                        f"{where}: chunk at offset {chunk.offset} ({n} bytes) overruns [.., {end})"
+                        f"{where}: chunk at offset {chunk.offset} has {n} bytes; the grid is {grid} "
+                        f"and the range ends at {end}"
                     )
                 if checksum(chunk.data) != chunk.checksum:
                     raise IntegrityError(
                         f"{where}: chunk at offset {chunk.offset} ({n} bytes) fails its checksum"
                     )
                 copy_message_into_slot(dst[expected : expected + n], chunk.data)
-                if hasher is not None:
-                    checksum_update(hasher, chunk.data)
+                if digests is not None:
+                    digests[expected] = chunk.checksum
                 expected += n
                 chunks += 1
         except grpc.RpcError as exc:

@@ -110,7 +110,18 @@ def checksum(data: Any) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def checksum_update(hasher: xxhash.xxh3_64, data: Any) -> None:
-    """Feed the next bytes of a buffer to a running whole-buffer checksum."""
-    COPIES.add("checksum", memoryview(data).nbytes)
-    hasher.update(data)
+def chunk_digests(data: Any, chunk_bytes: int) -> list[int]:
+    """xxh3-64 of each consecutive ``chunk_bytes`` piece of ``data`` (one pass)."""
+    view = memoryview(data).cast("B")
+    COPIES.add("checksum", view.nbytes)
+    return [xxhash.xxh3_64_intdigest(view[o : o + chunk_bytes]) for o in range(0, view.nbytes, chunk_bytes)]
+
+
+def hash_list_root(digests: list[int]) -> int:
+    """The whole-buffer checksum: xxh3-64 of the chunk digests as little-endian u64 (no pass over bytes)."""
+    return xxhash.xxh3_64_intdigest(np.asarray(digests, dtype="<u8").tobytes())
+
+
+def buffer_checksum(data: Any, chunk_bytes: int) -> int:
+    """The hash-list root of ``data`` on a ``chunk_bytes`` grid (what WeightVersion.checksum holds)."""
+    return hash_list_root(chunk_digests(data, chunk_bytes))

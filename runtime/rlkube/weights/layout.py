@@ -255,6 +255,8 @@ def pack_into_(
     rebuilding the views; the state dict must then be the one the layout was made from.
     """
     if destinations is None:
+        if buffer is None:
+            raise ValueError("pack_into_ needs a buffer or its destinations")
         check_matches(state_dict, layout)
         destinations = destinations_of(buffer, layout)
     tensors = (tensor for params in state_dict.values() for tensor in params.values())

@@ -36,18 +36,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import xxhash
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.policy.base import BasePolicy
 from rlkube.weights.client import WeightStoreClient
-from rlkube.weights.copies import copy_buffer_into_params
+from rlkube.weights.copies import copy_buffer_into_params, hash_list_root
 from rlkube.weights.errors import IntegrityError
 from rlkube.weights.layout import WeightLayout, views_of
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
 from rlkube.weights.service import newer
 from rlkube.weights.sources import ShmWatcher, ShmWeightSource, bind, swaps_pointers
-from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 if TYPE_CHECKING:
     from rlkube.spec import WeightBufferSpec
@@ -68,7 +66,6 @@ class EvalPlaneConfig:
     worker_id: str
     node_name: str = ""
     streams: int = 4
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     #: view: parameters become views of the slot (CPU); copy: shadow buffers on the model's device.
     #: auto: view on CPU, copy elsewhere.
     mode: Literal["auto", "view", "copy"] = "auto"
@@ -90,7 +87,6 @@ class EvalPlaneConfig:
             worker_id=worker_id,
             node_name=node_name,
             streams=spec.streams,
-            chunk_bytes=spec.chunk_bytes,
         )
 
     @property
@@ -113,9 +109,7 @@ class EvalWeightPlane:
     def attach(self, policy: BasePolicy) -> None:
         """Give ``policy`` its WeightSource; call before ``policy.init_eval()``."""
         if self.config.strategy == "None":
-            self.loader = StreamLoader(
-                self.config.source, rpc_timeout=self.config.rpc_timeout, chunk_bytes=self.config.chunk_bytes
-            )
+            self.loader = StreamLoader(self.config.source, rpc_timeout=self.config.rpc_timeout)
             return
         mode = self.config.mode
         if mode == "auto":
@@ -133,7 +127,6 @@ class EvalWeightPlane:
                 shm_dir=cfg.buffer_dir,
                 source=cfg.source,
                 streams=cfg.streams if cfg.strategy == "Sharded" else 1,
-                chunk_bytes=cfg.chunk_bytes,
                 worker_id=cfg.worker_id,
                 node_name=cfg.node_name,
                 rpc_timeout=cfg.rpc_timeout,
@@ -155,28 +148,36 @@ class EvalWeightPlane:
         return self.source.current_key if self.source is not None else None
 
     def sync(
-        self, policy: BasePolicy, *, min_version: int = 0, timeout: float = 60.0
+        self,
+        policy: BasePolicy,
+        *,
+        min_version: int = 0,
+        incarnation: str | None = None,
+        timeout: float = 60.0,
     ) -> tuple[str, int] | None:
-        """Make sure the model holds at least ``min_version``; returns what it holds (None: nothing yet).
+        """Make sure the model holds ``min_version`` or newer; returns (incarnation, version) held.
 
-        Background strategies: nudge the updater and wait for it. None: fetch and load here.
+        With ``incarnation`` the version must also come from it (train rank 0 restarted: its
+        numbers start again). Background strategies: nudge the updater and wait for it; None:
+        fetch and load here. Returns what the model holds when the timeout passes (maybe None).
         """
         deadline = time.monotonic() + timeout
+
+        def satisfied(key: tuple[str, int] | None) -> bool:
+            return key is not None and key[1] >= min_version and incarnation in (None, key[0])
+
         if self.loader is not None:
-            key = self.loader.current_key
-            waiting = key is None or key[1] < min_version
-            self.loader.load_newest(
-                policy,
-                wait=max(0.0, deadline - time.monotonic()) if waiting else 0.05,
-                min_version=min_version,
-            )
-            return self.loader.current_key
+            while True:
+                waiting = not satisfied(self.loader.current_key)
+                left = max(0.0, deadline - time.monotonic())
+                self.loader.load_newest(policy, wait=left if waiting else 0.05)
+                if satisfied(self.loader.current_key) or time.monotonic() >= deadline:
+                    return self.loader.current_key
         while time.monotonic() < deadline:
             policy.notify_update_weights()
             policy.wait_for_weight_update_done(timeout=max(0.0, deadline - time.monotonic()))
-            key = self.loaded_key()
-            if key is not None and key[1] >= min_version:
-                return key
+            if satisfied(self.loaded_key()):
+                break
             time.sleep(0.01)
         return self.loaded_key()
 
@@ -209,11 +210,8 @@ class EvalWeightPlane:
 class StreamLoader:
     """Strategy None: fetch the newest version into a private buffer and copy it into the model."""
 
-    def __init__(
-        self, address: str, *, rpc_timeout: float = 30.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    ) -> None:
+    def __init__(self, address: str, *, rpc_timeout: float = 30.0) -> None:
         self.client = WeightStoreClient(address, rpc_timeout=rpc_timeout)
-        self.chunk_bytes = chunk_bytes
         self.current_key: tuple[str, int] | None = None
         self._buffer: np.ndarray | None = None
         self._layout: WeightLayout | None = None
@@ -225,15 +223,12 @@ class StreamLoader:
             return version
         return None
 
-    def load_newest(self, policy: BasePolicy, *, wait: float = 5.0, min_version: int = 0) -> int | None:
-        deadline = time.monotonic() + wait
-        while True:
-            version = self.newest(wait=max(0.05, deadline - time.monotonic()))
-            if version is not None:
-                self.load(policy, version)
-            key = self.current_key
-            if (key is not None and key[1] >= min_version) or time.monotonic() >= deadline:
-                return key[1] if key is not None else None
+    def load_newest(self, policy: BasePolicy, *, wait: float = 5.0) -> tuple[str, int] | None:
+        """Load the newest version if one is newer than the model's (waiting up to ``wait`` for one)."""
+        version = self.newest(wait=max(0.05, wait))
+        if version is not None:
+            self.load(policy, version)
+        return self.current_key
 
     def load(self, policy: BasePolicy, version: pb.WeightVersion) -> None:
         if self.current_key is not None and not newer(version, self.current_key):
@@ -242,9 +237,9 @@ class StreamLoader:
             self._layout = self.client.get_layout(version.layout_digest)
             self._buffer = np.empty(self._layout.total_bytes, dtype=np.uint8)
         assert self._buffer is not None
-        hasher = xxhash.xxh3_64()
-        self.client.fetch_into(version, self._buffer, chunk_bytes=self.chunk_bytes, hasher=hasher)
-        if hasher.intdigest() != version.checksum:
+        digests: dict[int, int] = {}
+        self.client.fetch_into(version, self._buffer, digests=digests)
+        if hash_list_root([digests[o] for o in sorted(digests)]) != version.checksum:
             raise IntegrityError(
                 f"version {version.version}: received bytes do not match the announced checksum"
             )

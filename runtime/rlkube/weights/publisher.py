@@ -11,22 +11,39 @@ Sharded receiver fetches ranges from all of them (``config.peers``).
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import torch
 
 from rlkube._proto import policy_group_pb2 as pb
-from rlkube.weights.copies import checksum
-from rlkube.weights.layout import Destinations, StateDict, destinations_of, layout_of, pack_into_
+from rlkube.weights.copies import chunk_digests, copy_tensor_into_slot, hash_list_root
+from rlkube.weights.errors import WriterBusyError
+from rlkube.weights.layout import (
+    Destinations,
+    StateDict,
+    WeightLayout,
+    destinations_of,
+    layout_of,
+    pack_into_,
+)
+from rlkube.weights.locks import FileLock, describe_pids, lock_holders
 from rlkube.weights.service import VersionBoard, serve_weight_store
 from rlkube.weights.shm import ShmWriter
+from rlkube.weights.shm_files import TRAINER_LOCK, WRITER_LOCK, attach, detach
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
+
+if TYPE_CHECKING:
+    from rlkube.spec import WeightBufferSpec
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +66,33 @@ class PublisherConfig:
     max_workers: int = 64
     #: Length of one WatchWeights stream before the client reconnects.
     watch_seconds: float = 60.0
+    #: Chunk size of fetches, and the grid of the version checksum (a hash list over chunk digests).
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    #: How long connect() waits for an eval receiver that writes shm_dir to hand it over.
+    takeover_timeout: float = 30.0
+    #: Threads copying the state dict into the slot (numpy releases the GIL; 1 turns it off).
+    pack_threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: WeightBufferSpec,
+        *,
+        shm_dir: Path | str,
+        listen: str | None,
+        advertise: str | None = None,
+        peers: tuple[str, ...] = (),
+        incarnation: str | None = None,
+    ) -> PublisherConfig:
+        """The configuration of a train rank from ``job.spec.policy.weight_buffer`` and the env contract."""
+        return cls(
+            shm_dir=Path(shm_dir),
+            listen=listen,
+            advertise=advertise,
+            peers=tuple(peers),
+            incarnation=incarnation,
+            chunk_bytes=spec.chunk_bytes,
+        )
 
 
 class WeightPublisher:
@@ -61,12 +104,32 @@ class WeightPublisher:
         self.writer = ShmWriter(config.shm_dir, slot_wait_timeout=config.slot_wait_timeout)
         self.board = VersionBoard(self.writer, watch_seconds=config.watch_seconds)
         self._server: grpc.Server | None = None
+        self._attach: FileLock | None = None
+        self._trainer_lock: FileLock | None = None
         self.port: int | None = None
         self._version = 0
         self._destinations: dict[tuple[int, int, str], Destinations] = {}  # per slot mapping and layout
+        self._pool = ThreadPoolExecutor(max(1, config.pack_threads), thread_name_prefix="weight-pack")
 
     def connect(self) -> WeightPublisher:
-        self.writer.open()
+        """Become the writer of ``shm_dir`` (taking it over from an eval receiver) and start serving."""
+        directory = self.config.shm_dir
+        self._attach = attach(directory)
+        self._trainer_lock = FileLock(directory / TRAINER_LOCK)
+        if not self._trainer_lock.try_acquire(fcntl.LOCK_EX):
+            holders = describe_pids(lock_holders(self._trainer_lock.path))
+            self._release_directory()
+            raise WriterBusyError(f"another trainer publishes into {directory}: {holders}")
+        # An eval process may be this directory's elected receiver: it sees trainer.lock and stands down.
+        deadline = time.monotonic() + self.config.takeover_timeout
+        while not self.writer.try_open():
+            if time.monotonic() >= deadline:
+                holders = describe_pids(lock_holders(directory / WRITER_LOCK))
+                self._release_directory()
+                raise WriterBusyError(
+                    f"{directory}: its writer ({holders}) kept it past {self.config.takeover_timeout}s"
+                )
+            time.sleep(0.02)
         if self.config.listen is not None:
             self._server, self.port = serve_weight_store(
                 self.board, self.config.listen, max_workers=self.config.max_workers
@@ -82,10 +145,20 @@ class WeightPublisher:
 
     def close(self) -> None:
         self.board.close()
+        self._pool.shutdown(wait=True)
         if self._server is not None:
             self._server.stop(grace=1.0).wait(5.0)
             self._server = None
         self.writer.close()
+        self._release_directory()
+
+    def _release_directory(self) -> None:
+        if self._trainer_lock is not None:
+            self._trainer_lock.close()
+            self._trainer_lock = None
+        if self._attach is not None:
+            detach(self._attach, self.config.shm_dir, remove=True)
+            self._attach = None
 
     def __enter__(self) -> WeightPublisher:
         return self.connect()
@@ -122,13 +195,17 @@ class WeightPublisher:
             if key not in self._destinations:
                 self._destinations = {k: v for k, v in self._destinations.items() if k[0] != lease.index}
                 self._destinations[key] = destinations_of(lease.tensor, layout)
-            with torch.no_grad():
-                pack_into_(lease.tensor, state_dict, layout, destinations=self._destinations[key])
-            total = checksum(lease.array)
+            self._pack(state_dict, layout, self._destinations[key])
         except BaseException:
             self.writer.abort(lease)
             raise
-        meta = self.writer.commit(lease, checksum=total)
+        # Local readers need no checksum (pins keep their snapshot intact): wake them first, then
+        # hash for remote receivers while they swap the new version in.
+        grid = self.config.chunk_bytes
+        meta = self.writer.commit(lease, checksum=None, chunk_bytes=grid)
+        digests = chunk_digests(lease.array, grid)
+        total = hash_list_root(digests)
+        self.writer.record_checksum(lease.index, (self.incarnation, number), total)
         self._version = number
         sources = [a for a in (self.address, *self.config.peers) if a]
         self.board.publish(
@@ -141,8 +218,10 @@ class WeightPublisher:
                 published_at=meta.published_at,
                 sources=sources,
                 fingerprint=dict(fingerprint or {}),
+                chunk_bytes=grid,
             ),
             layout,
+            digests,
         )
         logger.debug(
             "published version %d (%d bytes) in %.1f ms",
@@ -151,3 +230,36 @@ class WeightPublisher:
             1e3 * (time.perf_counter() - started),
         )
         return number
+
+    def _pack(self, state_dict: StateDict, layout: WeightLayout, destinations: Destinations) -> None:
+        """One copy per tensor, spread over ``pack_threads`` threads in contiguous groups of similar size."""
+        tensors = [t for params in state_dict.values() for t in params.values()]
+        groups = split_evenly([e.nbytes for e in layout.entries], self.config.pack_threads)
+        with torch.no_grad():
+            if len(groups) == 1:
+                pack_into_(None, state_dict, layout, destinations=destinations)
+                return
+            jobs = [self._pool.submit(_copy_group, destinations[lo:hi], tensors[lo:hi]) for lo, hi in groups]
+            for job in jobs:
+                job.result()
+
+
+def _copy_group(destinations: Destinations, tensors: list[torch.Tensor]) -> None:
+    for (dst, dst_bytes), tensor in zip(destinations, tensors, strict=True):
+        copy_tensor_into_slot(dst, tensor, dst_bytes)
+
+
+def split_evenly(sizes: list[int], parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) index ranges over ``sizes`` with roughly equal sums (at most ``parts``)."""
+    total = sum(sizes)
+    if parts <= 1 or total == 0 or len(sizes) <= 1:
+        return [(0, len(sizes))]
+    ranges, lo, acc = [], 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc >= total * (len(ranges) + 1) / parts and len(ranges) < parts - 1:
+            ranges.append((lo, i + 1))
+            lo = i + 1
+    if lo < len(sizes):
+        ranges.append((lo, len(sizes)))
+    return ranges

@@ -28,17 +28,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import xxhash
-
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.weights.client import WeightStoreClient
-from rlkube.weights.copies import checksum
+from rlkube.weights.copies import hash_list_root
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
 from rlkube.weights.layout import LayoutError, WeightLayout
 from rlkube.weights.service import newer
 from rlkube.weights.shm import ShmWriter, SlotLease
+from rlkube.weights.shm_files import trainer_present
 from rlkube.weights.shm_header import SlotMeta
-from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +49,6 @@ class ReceiverConfig:
     source: str
     #: Parallel range streams per fetch; more than 1 is the Sharded strategy.
     streams: int = 1
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     worker_id: str = ""
     node_name: str = ""
     #: Deadline of unary calls; fetches get this plus size / 50 MB/s.
@@ -98,6 +95,7 @@ class NodeReceiver:
         self._pending: pb.WeightVersion | None = None
         self._threads: list[threading.Thread] = []
         self._watch_client: WeightStoreClient | None = None
+        self._watching: threading.Event | None = None  # set to end the current election's watch
 
     # -- life cycle
     def start(self) -> NodeReceiver:
@@ -114,8 +112,7 @@ class NodeReceiver:
         self._stop.set()
         with self._announced:
             self._announced.notify_all()
-        if self._watch_client is not None:
-            self._watch_client.close()  # cancels the watch stream
+        self._stop_watching()
         for thread in self._threads:
             thread.join(timeout=10.0)
         for client in self._clients.values():
@@ -133,14 +130,20 @@ class NodeReceiver:
     def _run(self) -> None:
         while not self._stop.is_set():
             if not self.writer.is_open:
-                if not self.writer.try_open():
+                if trainer_present(self.config.shm_dir) or not self.writer.try_open():
                     self._stop.wait(self.config.election_interval)
                     continue
                 self.stats.elected = True
                 logger.info("%s: elected weight receiver for %s", self.config.worker_id, self.config.shm_dir)
-                watcher = threading.Thread(target=self._watch, name="weight-watch", daemon=True)
+                self._watching = threading.Event()
+                watcher = threading.Thread(
+                    target=self._watch, args=(self._watching,), name="weight-watch", daemon=True
+                )
                 watcher.start()
                 self._threads.append(watcher)
+            if trainer_present(self.config.shm_dir):
+                self._stand_down()
+                continue
             version = self._take_announced(timeout=0.5)
             if version is None:
                 continue
@@ -159,34 +162,52 @@ class NodeReceiver:
                 logger.exception("weight receiver failed")
                 self._stop.wait(self.config.retry_backoff)
 
+    def _stand_down(self) -> None:
+        """A trainer wants this directory (it writes it directly): hand the writer role over."""
+        logger.info("%s: a trainer writes %s; standing by", self.config.worker_id, self.config.shm_dir)
+        self._stop_watching()
+        self.writer.close()
+        self.stats.elected = False
+        with self._announced:
+            self._pending = None
+
+    def _stop_watching(self) -> None:
+        if self._watching is not None:
+            self._watching.set()
+        if self._watch_client is not None:
+            self._watch_client.close()  # cancels the watch stream
+            self._watch_client = None
+
     def _record_error(self, exc: BaseException) -> None:
         self.stats.rejected += 1
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
         self.stats.errors = [*self.stats.errors[-9:], self.stats.last_error]
         logger.warning("weight receiver: %s", self.stats.last_error)
 
-    def _watch(self) -> None:
+    def _watch(self, until: threading.Event) -> None:
         client = self._watch_client = WeightStoreClient(
             self.config.source, rpc_timeout=self.config.rpc_timeout
         )
         client.connect()
-        while not self._stop.is_set():
-            latest = self.writer.latest() if self.writer.is_open else None
-            after = latest.key if latest is not None else None
+        while not (self._stop.is_set() or until.is_set()):
+            try:
+                latest = self.writer.latest()
+            except AssertionError:  # closed meanwhile
+                return
             try:
                 for version in client.watch(
-                    after=after,
+                    after=latest.key if latest is not None else None,
                     worker_id=self.config.worker_id,
                     node_name=self.config.node_name,
                     seconds=self.config.watch_seconds,
                 ):
                     self._announce(version)
             except FetchError as exc:
-                if self._stop.is_set():
+                if self._stop.is_set() or until.is_set():
                     return
                 logger.info("weight watch: %s; reconnecting", exc)
                 self._stop.wait(self.config.retry_backoff)
-            except ValueError:  # the channel was closed by close()
+            except (ValueError, AssertionError):  # the channel was closed by close() or a stand-down
                 return
 
     def _announce(self, version: pb.WeightVersion) -> None:
@@ -234,7 +255,7 @@ class NodeReceiver:
             self.writer.abort(lease)
             raise
         self.stats.fetch_seconds = [*self.stats.fetch_seconds[-99:], time.perf_counter() - started]
-        meta = self.writer.commit(lease, checksum=version.checksum)
+        meta = self.writer.commit(lease, checksum=version.checksum, chunk_bytes=version.chunk_bytes)
         self.stats.fetches += 1
         return meta
 
@@ -255,46 +276,39 @@ class NodeReceiver:
         return layout
 
     def _fetch(self, version: pb.WeightVersion, lease: SlotLease) -> int:
-        """Fill the lease from the network; returns the xxh3 of what was received."""
-        total = version.total_bytes
-        chunk = self.config.chunk_bytes
-        ranges = split_ranges(total, self.config.streams, chunk)
-        if len(ranges) == 1:
-            hasher = xxhash.xxh3_64()
-            result = self._client(self.config.source).fetch_into(
-                version, lease.array, chunk_bytes=chunk, hasher=hasher
-            )
-            self.stats.bytes += result.nbytes
-            return hasher.intdigest()
+        """Fill the lease from the network; returns the hash-list root of the chunks received."""
+        total, grid = version.total_bytes, version.chunk_bytes
+        if grid <= 0:
+            raise IntegrityError(f"version {version.version} announces no checksum grid (chunk_bytes)")
+        ranges = split_ranges(total, self.config.streams, grid)
         sources = list(version.sources) or [self.config.source]
+        digests: dict[int, int] = {}
 
         def fetch_range(index: int) -> int:
             start, end = ranges[index]
-            address = sources[index % len(sources)]
+            address = self.config.source if len(ranges) == 1 else sources[index % len(sources)]
             try:
                 got = self._client(address, index).fetch_into(
-                    version, lease.array, offset=start, length=end - start, chunk_bytes=chunk
+                    version, lease.array, offset=start, length=end - start, digests=digests
                 )
             except (FetchError, IntegrityError) as exc:
                 if address == self.config.source:
                     raise
                 logger.info(
-                    "range %d-%d from %s failed (%s); fetching it from %s",
-                    start,
-                    end,
-                    address,
-                    exc,
-                    self.config.source,
+                    "range %d-%d from %s failed (%s); fetching it from rank 0", start, end, address, exc
                 )
                 got = self._client(self.config.source, index).fetch_into(
-                    version, lease.array, offset=start, length=end - start, chunk_bytes=chunk
+                    version, lease.array, offset=start, length=end - start, digests=digests
                 )
             return got.nbytes
 
-        started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="weight-range") as pool:
-            self.stats.bytes += sum(pool.map(fetch_range, range(len(ranges))))
-        logger.debug(
-            "fetched %d bytes in %d ranges in %.3fs", total, len(ranges), time.perf_counter() - started
-        )
-        return checksum(lease.array)
+        if len(ranges) == 1:
+            self.stats.bytes += fetch_range(0)
+        else:
+            with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="weight-range") as pool:
+                self.stats.bytes += sum(pool.map(fetch_range, range(len(ranges))))
+        if len(digests) != -(-total // grid):
+            raise IntegrityError(
+                f"version {version.version}: {len(digests)} chunks received, expected {-(-total // grid)}"
+            )
+        return hash_list_root([digests[offset] for offset in sorted(digests)])

@@ -66,13 +66,22 @@ class VersionBoard:
         self.stats = ServeStats()
         self.bytes_by_peer: Counter[str] = Counter()
 
-    def publish(self, version: pb.WeightVersion, layout: WeightLayout) -> None:
+    def publish(
+        self, version: pb.WeightVersion, layout: WeightLayout, digests: list[int] | None = None
+    ) -> None:
+        """Announce ``version``; ``digests`` are its chunk checksums on the version's grid (served as is)."""
         with self._cond:
             self._layouts[layout.digest] = layout
             if len(self._layouts) > 4:
                 keep = {layout.digest} | {s.digest for s in self.writer.header().slots}
                 self._layouts = {d: lay for d, lay in self._layouts.items() if d in keep}
             self._checksums = {k: v for k, v in self._checksums.items() if k[1] >= version.version - 1}
+            grid, total = version.chunk_bytes, version.total_bytes
+            for i, digest in enumerate(digests or []):
+                offset = i * grid
+                self._checksums[(version.incarnation, version.version, offset, min(grid, total - offset))] = (
+                    digest
+                )
             self._latest = version
             self._cond.notify_all()
 

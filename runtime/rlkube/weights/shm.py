@@ -1,20 +1,7 @@
-"""A two-slot weight buffer in a shared-memory directory: one writer, any number of readers.
+"""A two-slot weight buffer in a shared-memory directory: the one writer (readers: ``shm_reader``).
 
-I/O (files, mmap, flock, unix datagrams). A directory (``/dev/shm/rlkube/...``, an emptyDir
-``medium: Memory`` or a hostPath shared by a node's pods) holds:
-
-==================  ================================================================
-file                role
-==================  ================================================================
-header              4 KiB record, see :mod:`rlkube.weights.shm_header`
-slot-0, slot-1      the two slots, preallocated and pre-faulted, reused across versions
-pin-0, pin-1        readers hold LOCK_SH on a slot's pin while they use it; the writer
-                    takes LOCK_EX before it overwrites that slot (with a deadline)
-writer.lock         LOCK_EX by the one writer (the trainer, or the node's elected receiver)
-attach.lock         LOCK_SH by every attached process; the last one out removes the files
-layout-<digest>.pb  the ``WeightLayout`` protobuf of a slot's content
-notify-*.sock       readers' wake-up sockets; the writer sends one datagram per publish
-==================  ================================================================
+I/O (files, mmap, flock, unix datagrams); the directory's files are listed in
+:mod:`rlkube.weights.shm_files`.
 
 Why a snapshot is never torn or mixed: the writer only writes the slot that is *not* latest,
 and only while it holds that slot's pin exclusively; a reader pins a slot, then re-reads its
@@ -38,17 +25,26 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rlkube._proto import policy_group_pb2 as pb
-from rlkube.weights.copies import checksum
-from rlkube.weights.errors import IntegrityError, ShmError, SlotBusyError, WriterBusyError
-from rlkube.weights.layout import WeightLayout, as_byte_tensor, views_of
+from rlkube.weights.errors import ShmError, SlotBusyError, WriterBusyError
+from rlkube.weights.layout import WeightLayout
 from rlkube.weights.locks import FileLock, LockTimeout, describe_pids, lock_holders
+from rlkube.weights.shm_files import (
+    HEADER,
+    NOTIFY_PREFIX,
+    WRITER_LOCK,
+    attach,
+    detach,
+    layout_path,
+    pin_path,
+    prefault,
+    slot_path,
+)
 from rlkube.weights.shm_header import (
     HEADER_BYTES,
     NUM_SLOTS,
@@ -60,8 +56,8 @@ from rlkube.weights.shm_header import (
     check_header,
     init_header,
     read_header,
-    read_seq,
     read_slot,
+    write_checksum,
     write_latest,
     write_slot,
     write_writer,
@@ -69,79 +65,7 @@ from rlkube.weights.shm_header import (
 
 logger = logging.getLogger(__name__)
 
-HEADER = "header"
-WRITER_LOCK = "writer.lock"
-ATTACH_LOCK = "attach.lock"
-NOTIFY_PREFIX = "notify-"
-_MADV_POPULATE_READ = 22  # Linux 5.14+; Python's mmap module does not name them
-_MADV_POPULATE_WRITE = 23
 _SLOT_ROUNDING = 2 << 20  # slot files grow in 2 MiB steps
-_UNIX_PATH_MAX = 107
-
-
-def slot_path(directory: Path, index: int) -> Path:
-    return directory / f"slot-{index}"
-
-
-def pin_path(directory: Path, index: int) -> Path:
-    return directory / f"pin-{index}"
-
-
-def layout_path(directory: Path, digest: str) -> Path:
-    return directory / f"layout-{digest}.pb"
-
-
-def _is_ours(name: str) -> bool:
-    return (
-        name in (HEADER, WRITER_LOCK, ATTACH_LOCK)
-        or name.startswith(("slot-", "pin-", "layout-", NOTIFY_PREFIX))
-        or name.endswith(".tmp")
-    )
-
-
-def _prefault(mm: mmap.mmap, *, write: bool) -> None:
-    """Map every page now, so that neither copies nor rollouts pay first-touch faults later."""
-    try:
-        mm.madvise(_MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ)
-    except (OSError, ValueError):
-        pages = np.frombuffer(mm, dtype=np.uint8)[:: mmap.PAGESIZE]
-        if write:
-            pages[:] = pages  # touch for write without changing a byte
-        else:
-            int(pages.sum())
-        del pages
-
-
-# --------------------------------------------------------------------------- attach / detach
-def attach(directory: Path, *, timeout: float = 10.0) -> FileLock:
-    """Hold LOCK_SH on the directory's attach.lock (creating the directory as needed)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        directory.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(directory / ATTACH_LOCK)
-        try:
-            lock.acquire(fcntl.LOCK_SH, timeout=max(0.0, deadline - time.monotonic()), what="attach")
-        except FileNotFoundError:
-            lock.close()
-            continue
-        if lock.same_file():
-            return lock
-        lock.close()  # the last user removed the directory meanwhile; start again
-
-
-def detach(lock: FileLock, directory: Path, *, remove: bool) -> bool:
-    """Drop the attachment; the last process out removes the buffer's files. True if it removed them."""
-    removed = False
-    if remove and lock.try_acquire(fcntl.LOCK_EX) and lock.same_file():
-        for name in sorted(os.listdir(directory), key=lambda n: n == ATTACH_LOCK):
-            if _is_ours(name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(directory / name)
-        with contextlib.suppress(OSError):
-            directory.rmdir()  # fails harmlessly if something else lives there
-        removed = True
-    lock.close()
-    return removed
 
 
 # --------------------------------------------------------------------------- writer
@@ -361,8 +285,12 @@ class ShmWriter:
             self._lock.release()
             raise
 
-    def commit(self, lease: SlotLease, *, checksum: int) -> SlotMeta:
-        """Mark the slot READY, make it latest, release it and wake the readers."""
+    def commit(self, lease: SlotLease, *, checksum: int | None, chunk_bytes: int) -> SlotMeta:
+        """Mark the slot READY, make it latest, release it and wake the readers.
+
+        ``checksum`` is the hash-list root on a ``chunk_bytes`` grid (``copies.buffer_checksum``);
+        ``None`` records it as pending (0), to be filled in with :meth:`record_checksum`.
+        """
         mm = self._header_mm
         assert mm is not None
         try:
@@ -371,12 +299,13 @@ class ShmWriter:
                 SlotState.READY,
                 lease.version,
                 lease.layout.total_bytes,
-                checksum,
+                checksum or 0,
                 old.capacity,
                 old.file_gen,
                 time.time(),
                 lease.incarnation,
                 lease.layout.digest,
+                chunk_bytes,
             )
             write_slot(mm, lease.index, meta)
             write_latest(mm, lease.index)
@@ -387,6 +316,13 @@ class ShmWriter:
         self._drop_unused_layouts()
         self.notify_readers()
         return meta
+
+    def record_checksum(self, index: int, key: tuple[str, int], checksum: int) -> None:
+        """Fill in the checksum of a slot committed as pending, if it still holds ``key``."""
+        assert self._header_mm is not None
+        meta = read_slot(self._header_mm, index)
+        if meta.state == SlotState.READY and meta.key == key and meta.checksum == 0:
+            write_checksum(self._header_mm, index, checksum)
 
     def abort(self, lease: SlotLease) -> None:
         """Give the slot back unpublished (EMPTY); the latest version stays what it was."""
@@ -426,7 +362,7 @@ class ShmWriter:
                 mm = mmap.mmap(fd, meta.capacity)
             finally:
                 os.close(fd)
-            _prefault(mm, write=False)  # the bytes may be a live version: touch without writing
+            prefault(mm, write=False)  # the bytes may be a live version: touch without writing
             mapping = _Mapping(meta.file_gen, meta.capacity, mm, np.frombuffer(mm, dtype=np.uint8))
         else:
             mapping = self._create_slot_file(path, max(need, meta.capacity))
@@ -447,7 +383,7 @@ class ShmWriter:
             mm = mmap.mmap(fd, capacity)
         finally:
             os.close(fd)
-        _prefault(mm, write=True)
+        prefault(mm, write=True)
         os.replace(tmp, path)
         return _Mapping(secrets.randbits(62) + 1, capacity, mm, np.frombuffer(mm, dtype=np.uint8))
 
@@ -486,192 +422,3 @@ class ShmWriter:
                     os.unlink(path)  # its reader died without cleaning up
             except OSError:
                 pass  # queue full (the reader has a wake-up pending) or a vanished file
-
-
-# --------------------------------------------------------------------------- reader
-@dataclass(eq=False)
-class Snapshot:
-    """A pinned READY slot: ``views`` stay valid and unchanged until :meth:`release`."""
-
-    slot: int
-    meta: SlotMeta
-    layout: WeightLayout
-    views: dict[str, dict[str, torch.Tensor]]
-    buffer: torch.Tensor  # uint8 over the slot's bytes (read-only)
-    _pin: FileLock = field(repr=False)
-
-    @property
-    def version(self) -> int:
-        return self.meta.version
-
-    @property
-    def incarnation(self) -> str:
-        return self.meta.incarnation
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return self.meta.key
-
-    def release(self) -> None:
-        self._pin.close()
-
-    def __enter__(self) -> Snapshot:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class ShmReader:
-    """Reads the newest READY snapshot of a buffer directory (any number per process or node)."""
-
-    def __init__(self, directory: Path | str, *, verify: bool = False, remove_on_close: bool = True) -> None:
-        self.directory = Path(directory)
-        self.verify = verify
-        self.remove_on_close = remove_on_close
-        self._attach: FileLock | None = None
-        self._header: tuple[int, mmap.mmap] | None = None  # (inode, mapping)
-        self._maps: dict[int, tuple[int, mmap.mmap]] = {}  # slot -> (file_gen, mapping)
-        self._layouts: dict[str, WeightLayout] = {}
-        self._views: dict[tuple[int, int, str], dict[str, dict[str, torch.Tensor]]] = {}
-
-    def open(self) -> ShmReader:
-        self._attach = attach(self.directory)
-        return self
-
-    def close(self) -> None:
-        if self._attach is None:
-            return
-        self._views.clear()
-        self._maps.clear()
-        self._header = None
-        detach(self._attach, self.directory, remove=self.remove_on_close)
-        self._attach = None
-
-    def __enter__(self) -> ShmReader:
-        return self.open() if self._attach is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _header_map(self) -> mmap.mmap | None:
-        path = self.directory / HEADER
-        try:
-            inode = os.stat(path).st_ino
-        except FileNotFoundError:
-            return None
-        if self._header is not None and self._header[0] == inode:
-            return self._header[1]
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            if os.fstat(fd).st_size < HEADER_BYTES:
-                return None  # a writer is creating it
-            mm = mmap.mmap(fd, HEADER_BYTES, access=mmap.ACCESS_READ)
-            self._header = (os.fstat(fd).st_ino, mm)
-        finally:
-            os.close(fd)
-        return mm
-
-    def seq(self) -> int | None:
-        """The publish counter (None before any writer made the header): cheap change detection."""
-        mm = self._header_map()
-        if mm is None:
-            return None
-        try:
-            check_header(mm)
-        except HeaderError:
-            return None
-        return read_seq(mm)
-
-    def peek(self) -> Header | None:
-        """The header as it is now (unpinned: advisory only)."""
-        mm = self._header_map()
-        if mm is None:
-            return None
-        try:
-            return read_header(mm)
-        except HeaderError:
-            return None
-
-    def acquire(self, *, newer_than: tuple[str, int] | None = None, timeout: float = 5.0) -> Snapshot | None:
-        """Pin and return the newest snapshot, or None if there is none or it is ``newer_than`` itself."""
-        deadline = time.monotonic() + timeout
-        delay = 0.0001
-        while True:
-            mm = self._header_map()
-            header = self.peek() if mm is not None else None
-            if header is None or header.latest < 0:
-                return None
-            index = header.latest
-            if header.slots[index].key == newer_than:
-                return None
-            pin = FileLock(pin_path(self.directory, index))
-            if pin.try_acquire(fcntl.LOCK_SH):
-                assert mm is not None
-                meta = read_slot(mm, index)
-                if meta.state == SlotState.READY and read_header(mm).latest == index:
-                    if meta.key == newer_than:
-                        pin.close()
-                        return None
-                    try:
-                        return self._snapshot(index, meta, pin)
-                    except BaseException:
-                        pin.close()
-                        raise
-            pin.close()
-            if time.monotonic() > deadline:
-                raise LockTimeout(f"{self.directory}: could not pin the newest slot within {timeout:.1f}s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.005)
-
-    def _snapshot(self, index: int, meta: SlotMeta, pin: FileLock) -> Snapshot:
-        mm = self._slot_map(index, meta)
-        layout = self._layout(meta.digest)
-        if meta.length != layout.total_bytes:
-            raise IntegrityError(
-                f"slot {index} holds {meta.length} bytes but layout {meta.digest} needs {layout.total_bytes}"
-            )
-        key = (index, meta.file_gen, meta.digest)
-        views = self._views.get(key)
-        if views is None:
-            for stale in [k for k in self._views if k[0] == index]:
-                del self._views[stale]
-            views = self._views[key] = views_of(mm, layout)
-        data = memoryview(mm)[: meta.length]
-        if self.verify and checksum(data) != meta.checksum:
-            raise IntegrityError(f"slot {index} (version {meta.version}) does not match its checksum")
-        return Snapshot(index, meta, layout, views, as_byte_tensor(mm)[: meta.length], pin)
-
-    def _slot_map(self, index: int, meta: SlotMeta) -> mmap.mmap:
-        cached = self._maps.get(index)
-        if cached is not None and cached[0] == meta.file_gen:
-            return cached[1]
-        fd = os.open(slot_path(self.directory, index), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            size = os.fstat(fd).st_size
-            if size < meta.capacity or size < meta.length:
-                raise IntegrityError(f"slot file {index} has {size} bytes, its record says {meta.capacity}")
-            mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        _prefault(mm, write=False)
-        self._maps[index] = (meta.file_gen, mm)
-        return mm
-
-    def _layout(self, digest: str) -> WeightLayout:
-        layout = self._layouts.get(digest)
-        if layout is None:
-            msg = pb.WeightLayout.FromString(layout_path(self.directory, digest).read_bytes())
-            layout = self._layouts[digest] = WeightLayout.from_proto(msg)
-            if layout.digest != digest:
-                raise IntegrityError(f"layout file {digest} describes layout {layout.digest}")
-        return layout
-
-
-def notify_socket_path(directory: Path) -> Path | None:
-    """A fresh path for a reader's wake-up socket, or None if the directory's path is too long for one."""
-    path = directory / f"{NOTIFY_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.sock"
-    return path if len(str(path)) <= _UNIX_PATH_MAX else None

@@ -13,12 +13,15 @@ offset   type   field
 28       u32    pid of the current writer (diagnostics)
 32       16s    token of the current writer session
 48       u64    publishes: versions published since the header was created
-64+128i         slot i (i = 0, 1): see :data:`_SLOT`
+64+128i         slot i (i = 0, 1): state, checksum grid, version, length, checksum,
+                capacity, file generation, publish time, incarnation, layout digest
 =======  =====  ================================================================
 
 A slot record (state, version, length, checksum, capacity, file generation, publish time,
 incarnation, layout digest) is written only while its slot is *not* latest and its pin is held
 exclusively by the writer; readers pin a slot before trusting its record (see ``shm.py``).
+One exception: a slot committed with checksum 0 ("pending") gets its checksum filled in once,
+after the flip, by :func:`write_checksum` (the trainer wakes local readers before hashing).
 """
 
 from __future__ import annotations
@@ -59,12 +62,13 @@ class SlotMeta:
     state: SlotState = SlotState.EMPTY
     version: int = 0
     length: int = 0
-    checksum: int = 0
+    checksum: int = 0  # hash-list root on a chunk_bytes grid (copies.buffer_checksum); 0: pending
     capacity: int = 0
     file_gen: int = 0  # random per (re)created slot file: a reader remaps when it changes
     published_at: float = 0.0
     incarnation: str = ""
     digest: str = ""
+    chunk_bytes: int = 0  # grid of the checksum
 
     @property
     def key(self) -> tuple[str, int]:
@@ -121,14 +125,14 @@ def read_header(buf: memoryview | bytes) -> Header:
 
 
 def read_slot(buf: memoryview | bytes, index: int) -> SlotMeta:
-    state, _, version, length, csum, cap, gen, at, inc, digest = _SLOT.unpack_from(
+    state, grid, version, length, csum, cap, gen, at, inc, digest = _SLOT.unpack_from(
         buf, _SLOT_BASE + index * _SLOT_STRIDE
     )
     try:
         slot_state = SlotState(state)
     except ValueError:
         slot_state = SlotState.EMPTY
-    return SlotMeta(slot_state, version, length, csum, cap, gen, at, _text(inc), _text(digest))
+    return SlotMeta(slot_state, version, length, csum, cap, gen, at, _text(inc), _text(digest), grid)
 
 
 def read_seq(buf: memoryview | bytes) -> int:
@@ -140,7 +144,7 @@ def write_slot(buf: memoryview | bytearray, index: int, meta: SlotMeta) -> None:
         buf,
         _SLOT_BASE + index * _SLOT_STRIDE,
         int(meta.state),
-        0,
+        meta.chunk_bytes,
         meta.version,
         meta.length,
         meta.checksum,
@@ -150,6 +154,11 @@ def write_slot(buf: memoryview | bytearray, index: int, meta: SlotMeta) -> None:
         _field(meta.incarnation, "incarnation"),
         _field(meta.digest, "layout digest"),
     )
+
+
+def write_checksum(buf: memoryview | bytearray, index: int, checksum: int) -> None:
+    """Record the checksum of a READY slot published as pending (0); the only field written after commit."""
+    struct.pack_into("<Q", buf, _SLOT_BASE + index * _SLOT_STRIDE + 24, checksum)
 
 
 def write_writer(buf: memoryview | bytearray, pid: int, token: bytes) -> None:

@@ -38,7 +38,8 @@ from rlkube.policy.base import BasePolicy, unwrap
 from rlkube.policy.weight_source import StagedWeights
 from rlkube.weights.copies import copy_slot_into_shadow
 from rlkube.weights.layout import LayoutError, WeightLayout, views_of
-from rlkube.weights.shm import ShmReader, Snapshot, notify_socket_path
+from rlkube.weights.shm_files import notify_socket_path
+from rlkube.weights.shm_reader import ShmReader, Snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -91,10 +92,17 @@ def swaps_pointers(policy: BasePolicy) -> bool:
     return type(policy).load_state_dict is BasePolicy.load_state_dict
 
 
-def swap_in(bindings: Iterable[Binding], state_dict: dict[str, dict[str, torch.Tensor]]) -> None:
-    """Point every bound tensor at its new storage (a few microseconds per tensor, no bytes copied)."""
-    for b in bindings:
-        b.target.data = state_dict[b.module][b.param]
+def swap_pairs(
+    bindings: Iterable[Binding], state_dict: dict[str, dict[str, torch.Tensor]]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(live tensor, its new storage) per binding: prepared outside the gate."""
+    return [(b.target, state_dict[b.module][b.param]) for b in bindings]
+
+
+def swap_in(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Point every live tensor at its new storage (about a microsecond each, no bytes copied)."""
+    for target, new in pairs:
+        target.data = new
 
 
 class _Shadows:
@@ -124,6 +132,7 @@ class ShmWeightSource:
         self._bindings: dict[tuple[int, str], list[Binding]] = {}
         self._shadows: _Shadows | None = None
         self._lock = threading.Lock()
+        self._to_release: list[Snapshot] = []
 
     def open(self) -> ShmWeightSource:
         self.reader.open()
@@ -151,7 +160,11 @@ class ShmWeightSource:
             version=snap.version,
             state_dict=tensors,
             handle=handle,
-            extra={"key": snap.key, "bindings": bindings, "published_at": snap.meta.published_at},
+            extra={
+                "key": snap.key,
+                "pairs": swap_pairs(bindings, tensors),
+                "published_at": snap.meta.published_at,
+            },
         )
 
     def _fill_shadow(self, policy: BasePolicy, snap: Snapshot) -> dict[str, dict[str, torch.Tensor]]:
@@ -165,11 +178,12 @@ class ShmWeightSource:
         return self._shadows.views[idle]
 
     def commit(self, policy: BasePolicy, staged: StagedWeights) -> None:
-        previous = staged.handle  # released below unless the model now uses its views
+        """Inside the gate: swap pointers only (no system call; the old pin goes in after_commit)."""
+        previous = staged.handle  # let go after the gate unless the model now uses its views
         try:
             with self._lock:
                 if swaps_pointers(policy):
-                    swap_in(staged.extra["bindings"], staged.state_dict)
+                    swap_in(staged.extra["pairs"])
                     previous, self._held = self._held, staged.handle
                 else:
                     policy.load_state_dict(staged.state_dict)  # the policy's own (copying) load
@@ -178,7 +192,12 @@ class ShmWeightSource:
                 self.current_key = staged.extra["key"]
         finally:
             if previous is not None:
-                previous.release()
+                self._to_release.append(previous)
+
+    def after_commit(self, policy: BasePolicy, staged: StagedWeights) -> None:
+        """After the gate reopened: release the snapshot the model left (the writer may wait for it)."""
+        while self._to_release:
+            self._to_release.pop().release()
 
     def discard(self, staged: StagedWeights) -> None:
         """Drop a staged snapshot that will not be committed."""
@@ -188,6 +207,7 @@ class ShmWeightSource:
     def close(self) -> None:
         """Release the pin and detach. Call it only once the policy no longer runs rollouts."""
         with self._lock:
+            self.after_commit(None, None)  # type: ignore[arg-type]
             if self._held is not None:
                 self._held.release()
                 self._held = None

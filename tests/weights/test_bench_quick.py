@@ -1,0 +1,50 @@
+"""``rlkube bench weights --quick`` runs end to end (so the benchmark cannot rot); no figure is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REQUIRED = {"scenario", "method", "size_bytes", "readers", "seconds", "gbps"}
+
+
+@pytest.mark.slow
+def test_the_quick_weights_benchmark_runs_and_writes_one_row_per_measurement(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    before = set(Path("/dev/shm").glob("rlkube-bench-*"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cli", "weights", "--quick", "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r for r in rows if "error" in r] == []
+    for row in rows:
+        assert row.keys() >= REQUIRED
+    methods = {(r["scenario"], r["method"]) for r in rows}
+    assert {("a", "rlkube"), ("b", "rlkube"), ("b", "grpc-raw"), ("a", "memcpy-bound")} <= methods
+    assert any(r["method"] == "rlkube-rollout-blocked" and r["updates"] > 0 for r in rows)
+    remote = [r for r in rows if r["scenario"] == "b" and r["method"] == "rlkube"]
+    assert all(r["net_bytes_per_version"] > 0 for r in remote)
+    assert "scenario (a)" in proc.stdout
+    assert set(Path("/dev/shm").glob("rlkube-bench-*")) == before  # nothing left in shared memory
+
+
+def test_the_bench_dispatcher_lists_benchmarks_and_rejects_unknown_ones(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from benchmarks.cli import main
+
+    assert main([]) == 2
+    assert "weights" in capsys.readouterr().out
+    assert main(["nope"]) == 2
+    assert "unknown benchmark 'nope'" in capsys.readouterr().err
