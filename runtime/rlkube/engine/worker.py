@@ -58,6 +58,7 @@ class EvalWorker:
         self.policy_cls = policy_cls
         self.client = PolicyGroupClient(env.coordinator_addr)
         self.worker_id = ""
+        self.incarnation: str | None = None
         self.min_version = 0
         self.reported: tuple[str, int] | None = None
         self.stats = WorkerStats()
@@ -130,6 +131,7 @@ class EvalWorker:
                 logger.info("waiting for the coordinator (%.0f s): %s", time.monotonic() - started, exc)
                 continue
             self.worker_id = response.worker_id
+            self.incarnation = response.incarnation or None
             self.lease_seconds = response.lease_seconds or 15.0
             self.reported = None  # a new registration (maybe a new coordinator) has heard of no load yet
             # A new worker loads the newest weights before its first step.
@@ -178,9 +180,10 @@ class EvalWorker:
     def _load(self, policy: BasePolicy, plane: EvalWeightPlane, version: int) -> float:
         """Make the model hold at least ``version``; report a newly loaded version. Seconds waited."""
         started = time.perf_counter()
-        key = plane.sync(policy, min_version=version, timeout=120.0)
+        # Versions count within one incarnation of train rank 0 (a restarted rank 0 counts again).
+        key = plane.sync(policy, min_version=version, incarnation=self.incarnation, timeout=120.0)
         waited = time.perf_counter() - started
-        if key is None or key[1] < version:
+        if key is None or key[1] < version or (self.incarnation and key[0] != self.incarnation):
             raise RuntimeError(f"weights v{version} did not arrive within 120 s (holding {key})")
         self._report(policy, plane)  # before the fragment: the coordinator checks it before training on it
         self.stats.weight_wait_seconds += waited
