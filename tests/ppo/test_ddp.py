@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,15 +10,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank(rank: int, world: int, store: str, out: str) -> None:
+    # A file store has no owner: with a TCP store, rank 0 exiting first (it hosts the store) could
+    # abort rank 1 mid-teardown on a loaded machine. No port to pick, either.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         import gymnasium as gym
         from rlkube.envs.types import EnvMeta
@@ -46,6 +39,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
         dist.all_gather(gathered, fingerprint)
         if rank == 0:
             torch.save(gathered, out)
+        dist.barrier()  # neither rank tears down while the other still talks
     finally:
         dist.destroy_process_group()
 
@@ -53,6 +47,6 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 @pytest.mark.timeout(120)
 def test_two_ddp_ranks_end_an_update_with_identical_weights(tmp_path: Path) -> None:
     out = tmp_path / "fingerprints.pt"
-    mp.spawn(_rank, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
     first, second = torch.load(out)
     assert torch.equal(first, second)

@@ -1,0 +1,37 @@
+"""``rlkube bench rollout --quick`` runs end to end (so the benchmark cannot rot); no figure is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_the_quick_rollout_benchmark_measures_every_method_and_engine(tmp_path: Path) -> None:
+    out = tmp_path / "rollout.json"
+    before = set(Path("/dev/shm").glob("rlkube-bench-rollout-*"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cli", "rollout", "--quick", "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    seen = {(r["method"], r["engine"], r["workers"]) for r in rows}
+    assert {("bound", "-", 1), ("in-process", "sync", 1)} <= seen
+    assert {("cluster", engine, workers) for engine in ("sync", "async") for workers in (1, 2)} <= seen
+    for row in rows:
+        assert row["env_steps"] > 0
+        assert row["steps_per_second"] > 0
+    assert all(0.0 <= r["weight_wait_fraction"] <= 1.0 for r in rows if r["method"] == "cluster")
+    assert "vs bound" in proc.stdout
+    assert set(Path("/dev/shm").glob("rlkube-bench-rollout-*")) == before
