@@ -146,8 +146,6 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         paths.create()
         done = CheckpointStore(paths.checkpoints).completion()
         coordinator = Coordinator(job, world_size=env.world_size)
-        if publisher is not None:  # one incarnation for this run of rank 0: weights, registrations, status
-            coordinator.incarnation = publisher.incarnation
         server = CoordinatorServer(
             coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late]
         ).start()
@@ -179,11 +177,11 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         policy = policy_cls(job.spec.policy, PolicyRole.TRAIN)
         policy.init_train(job.spec.train, env_meta=env_meta(job))
         channel = RankChannel()
-        # Every rank serves its copy (Sharded receivers fetch ranges from all of them), under rank 0's
-        # incarnation: fetches name (incarnation, version).
-        ranks = channel.gather((advertised(env), publisher.incarnation if publisher is not None else ""))
-        if publisher is None:
-            publisher = open_publisher(job, env, incarnation=ranks[0][1])
+        # Every rank serves its copy (Sharded receivers fetch ranges from all of them) under one
+        # incarnation, the coordinator's: eval workers learn it when they register, and fetches and
+        # loads name (incarnation, version).
+        ranks = channel.gather((advertised(env), coordinator.incarnation if coordinator is not None else ""))
+        publisher = open_publisher(job, env, incarnation=ranks[0][1])
         if env.rank == 0:
             peers = tuple(address for rank, (address, _) in enumerate(ranks) if rank != 0)
             publisher.config = replace(publisher.config, peers=peers)
