@@ -33,10 +33,11 @@ from rlkube.engine.checkpoint import POLICY_FILE, CheckpointStore, TrainerProgre
 from rlkube.engine.report import EpochRecord, RunObserver, RunSummary, notify
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.engine.run_paths import RunPaths
-from rlkube.engine.tracker import RunTracker, fingerprints_match
+from rlkube.engine.tracker import RunTracker
 from rlkube.envs.group import EnvGroup
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import BufferType, Engine, PolicySpec, RLJob, WeightStrategy
+from rlkube.weights.consistency import compare_fingerprints
 
 logger = logging.getLogger(__name__)
 
@@ -201,11 +202,16 @@ class InProcessEngine:
         metrics = {**_numbers(returned), **self.train_policy.pop_metrics()}
         version = tracker.weight_version + 1
         self._publish(version)
-        consistent = fingerprints_match(
+        mismatches = compare_fingerprints(
             self.train_policy.get_param_fingerprint(), self.eval_policy.get_param_fingerprint()
         )
-        if not consistent:
-            logger.warning("epoch %d: eval weights differ from the trainer's after the update", epoch + 1)
+        consistent = not mismatches
+        if mismatches:
+            logger.warning(
+                "epoch %d: eval weights differ from the trainer's after the update (%s)",
+                epoch + 1,
+                mismatches[0],
+            )
         eval_return = None
         due = (epoch + 1) % max(train.eval_interval, 1) == 0 or epoch + 1 >= train.max_epochs
         if evaluator is not None and due:

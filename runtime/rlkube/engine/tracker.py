@@ -13,18 +13,6 @@ from collections.abc import Mapping, Sequence
 from rlkube.engine.checkpoint import TrainerProgress
 from rlkube.engine.report import EpochRecord, RunStart, RunSummary, recent_mean
 
-#: Relative tolerance of the per-parameter norm comparison (RLightning's default).
-FINGERPRINT_RTOL = 1e-3
-
-
-def fingerprints_match(
-    train: Mapping[str, float], evaluator: Mapping[str, float], *, rtol: float = FINGERPRINT_RTOL
-) -> bool:
-    """Same parameter names, and every norm within ``rtol`` of the trainer's."""
-    if set(train) != set(evaluator):
-        return False
-    return all(abs(train[k] - evaluator[k]) <= rtol * max(abs(train[k]), 1e-8) for k in train)
-
 
 class RunTracker:
     def __init__(

@@ -138,4 +138,12 @@ def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int
     if "fingerprint_checks" in data:
         verdict = "consistent" if data.get("fingerprints_consistent") else "INCONSISTENT"
         print(f"  weights     train/eval fingerprints {verdict} over {data['fingerprint_checks']} versions")
+    if "weight_wait_fraction" in data:
+        line = (
+            f"  rollouts    {data.get('fragments_acknowledged', 0)} fragments; eval workers waited"
+            f" for weights {100 * data['weight_wait_fraction']:.1f}% of their rollout time"
+        )
+        if data.get("dropped_stale"):
+            line += f"; {data['dropped_stale']} fragments dropped as stale"
+        print(line)
     return 0
