@@ -50,3 +50,41 @@ def test_two_ddp_ranks_end_an_update_with_identical_weights(tmp_path: Path) -> N
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
     first, second = torch.load(out)
     assert torch.equal(first, second)
+
+
+def _rank_with_override(rank: int, world: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        import gymnasium as gym
+        from rlkube.envs.types import EnvMeta
+        from rlkube.policy.builtin.ppo import PPO
+        from rlkube.spec import PolicySpec, TrainSpec
+        from torch.nn.parallel import DistributedDataParallel
+
+        class WrapsNothing(PPO):
+            calls: list[int] = []
+
+            def wrap_with_ddp(self, gpu_id: int, process_group: object) -> None:
+                self.calls.append(gpu_id)  # e.g. a policy that syncs gradients itself
+
+        meta = EnvMeta("CartPole-v1", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), num_envs=4)
+        policy = WrapsNothing(PolicySpec(), "train")
+        policy.init_train(TrainSpec.model_validate({"batchSize": 32, "stepsPerEpoch": 64}), env_meta=meta)
+        wrapped = [name for name, model in policy.model_list if isinstance(model, DistributedDataParallel)]
+        if rank == 0:
+            torch.save(
+                {"calls": WrapsNothing.calls, "wrapped": wrapped, "models": len(policy.model_list)}, out
+            )
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_a_policy_that_overrides_wrap_with_ddp_decides_what_is_wrapped(tmp_path: Path) -> None:
+    out = tmp_path / "wrapped.pt"
+    mp.spawn(_rank_with_override, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    seen = torch.load(out)
+    assert seen["calls"] == [0]  # called once, with this rank's device index
+    assert seen["models"] >= 1
+    assert seen["wrapped"] == []
