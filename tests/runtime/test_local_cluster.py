@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.cluster import LocalRun, write_job
+from tests.runtime.slow_env import ENV_ID as SLOW_ENV
+
+#: Steps of 2 ms: an epoch of 512 steps takes at least 1 s with one worker, whatever the machine.
+SLOW_STEPS = {"env__id": SLOW_ENV, "env__imports": ["tests.runtime.slow_env"]}
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +32,16 @@ def start(local_run: list[LocalRun], tmp_path: Path, *args: str, **spec: object)
 def test_scaling_eval_workers_mid_run_never_restarts_training_or_loses_a_fragment(
     local_run, tmp_path
 ) -> None:
-    # 8 fragments an epoch, so that new workers (several seconds to start) join while it runs.
-    run = start(local_run, tmp_path, train__maxEpochs=60, train__stepsPerEpoch=512, evaluator__replicas=1)
+    # 8 fragments an epoch, so that new workers join while it runs; slow steps make the run outlast
+    # the workers' start-up (several seconds, up to a minute on a loaded machine).
+    run = start(
+        local_run,
+        tmp_path,
+        train__maxEpochs=80,
+        train__stepsPerEpoch=512,
+        evaluator__replicas=1,
+        **SLOW_STEPS,
+    )
     run.wait_until(lambda s: s.epoch >= 2, timeout=180, what="epoch 2")
     run.scale(4)
     run.wait_until(lambda s: s.eval_workers == 4, timeout=120, what="4 eval workers")
@@ -37,10 +49,10 @@ def test_scaling_eval_workers_mid_run_never_restarts_training_or_loses_a_fragmen
     scaled_down = run.wait_until(lambda s: s.eval_workers == 2, timeout=120, what="2 eval workers")
     assert run.wait(timeout=300) == 0, run.output[1]
     summary = run.summary()
-    assert summary["epochs"] == 60
-    assert scaled_down.epoch < 60, "the scale-down happened after training had ended"
+    assert summary["epochs"] == 80
+    assert scaled_down.epoch < 80, "the scale-down happened after training had ended"
     # Every acknowledged fragment was trained on exactly once: none lost with the drained workers.
-    assert summary["fragments_trained"] == summary["fragments_acknowledged"] == 60 * 8
+    assert summary["fragments_trained"] == summary["fragments_acknowledged"] == 80 * 8
     assert summary["fingerprints_consistent"] is True
     assert (run.run_dir / "logs" / "small-train-0.log").read_text().count("==== small-train-0 started") == 1
     coordinator_log = (run.run_dir / "logs" / "small-train-0.log").read_text()
@@ -49,8 +61,16 @@ def test_scaling_eval_workers_mid_run_never_restarts_training_or_loses_a_fragmen
 
 
 def test_a_killed_eval_worker_mid_epoch_does_not_stop_the_epoch(local_run, tmp_path) -> None:
-    # 8 fragments an epoch and 2 workers: a worker is always in the middle of a leased fragment.
-    run = start(local_run, tmp_path, train__maxEpochs=40, train__stepsPerEpoch=512, evaluator__replicas=2)
+    # 8 fragments an epoch and 2 workers: a worker is always in the middle of a leased fragment. Slow
+    # steps: the run lasts long enough (over 15 s) for the killed pod to come back and join again.
+    run = start(
+        local_run,
+        tmp_path,
+        train__maxEpochs=40,
+        train__stepsPerEpoch=512,
+        evaluator__replicas=2,
+        **SLOW_STEPS,
+    )
     run.wait_until(lambda s: s.epoch >= 3, timeout=180, what="epoch 3")
     os.kill(run.pid_of("small-eval-1"), signal.SIGKILL)
     killed_at = run.status()

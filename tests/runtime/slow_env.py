@@ -1,0 +1,30 @@
+"""CartPole whose steps take a fixed wall time, so that a test's run outlasts what it must watch.
+
+A run of plain CartPole ends in seconds on a quiet machine and in minutes on a loaded one; a test
+that scales eval workers mid-run needs the run to last longer than a worker takes to start,
+whatever the load. Sleeping steps give epochs a floor that does not shrink on a fast machine.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+ENV_ID = "SlowCartPole-v1"
+
+
+class SlowCartPole(CartPoleEnv):
+    def __init__(self, step_seconds: float = 0.002, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.step_seconds = step_seconds
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self.step_seconds)
+        return super().step(action)
+
+
+if ENV_ID not in gym.registry:
+    gym.register(ENV_ID, entry_point=SlowCartPole, max_episode_steps=500)
