@@ -27,11 +27,12 @@ from rlkube._proto import policy_group_pb2_grpc as pb_grpc
 from tests.box.conftest import Box, Seen, alive, pid_of
 from tests.operator.conftest import Kubectl
 from tests.operator.harness import OperatorProcess, kubectl, wait_for
+from tests.runtime.slow_env import ENV_ID as SLOW_ENV
 
 pytestmark = pytest.mark.slow
 
 NAME = "cartpole-box"
-MAX_EPOCHS = 120
+MAX_EPOCHS = 60
 JOB: dict[str, Any] = {
     "apiVersion": "rlkube.io/v1alpha1",
     "kind": "RLJob",
@@ -110,7 +111,11 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     box: Box, k: Kubectl, operator: OperatorProcess
 ) -> None:
     events = box.record("RLJob")
-    k.apply(JOB)
+    # CartPole with 2 ms steps (an epoch takes at least 1 s with one worker): however fast the
+    # machine, training lasts longer than the scaled workers take to start and register.
+    job = copy.deepcopy(JOB)
+    job["spec"]["env"].update(id=SLOW_ENV, imports=["tests.runtime.slow_env"])
+    k.apply(job)
 
     # Running, with progress in the printer columns.
     running = wait_for(
