@@ -6,7 +6,10 @@ Measures, in one run and side by side:
   (no training, no network) -- what one core can roll out;
 * ``in-process``: ``rlkube run --in-process`` (rollout and training alternate in one process);
 * ``cluster``: ``rlkube run`` as a local cluster (1 train rank, K eval workers as processes,
-  fragments over gRPC, weights through the shm buffer) with the sync and the async engine.
+  fragments over gRPC, weights through the shm buffer) with the sync and the async engine;
+* ``ray`` (the peer, when Ray is installed): RLightning's synchronous loop on Ray -- K Ray actors
+  with the same envs and policy, weights through the object store every epoch, fragments
+  returned pickled (``benchmarks/rollout/ray_peer.py``).
 
 For each cluster run it reports env steps per second of wall time (training included) and the
 fraction of eval-worker time spent waiting for weights instead of rolling out. On a machine
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
 import tempfile
@@ -122,17 +126,45 @@ def measure_cluster(spec: RLJob, root: Path, *, nodes: int) -> dict[str, Any]:
     }
 
 
+def measure_ray(args: argparse.Namespace) -> list[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError:
+        print("ray is not installed: the Ray rows are skipped (pip install -e .[bench])", file=sys.stderr)
+        return []
+    from benchmarks.rollout.ray_peer import measure_ray_sync
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    rows = []
+    try:
+        for workers in args.workers:
+            spec = job(
+                engine="sync", workers=workers, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch
+            )
+            print(f"running the Ray peer with {workers} eval worker(s)...", file=sys.stderr, flush=True)
+            raw = spec.model_dump(mode="json", by_alias=True, exclude={"status"}, exclude_none=True)
+            rows.append(measure_ray_sync(spec, raw, workers=workers))
+    finally:
+        ray.shutdown()
+    return rows
+
+
 def table(rows: list[dict[str, Any]]) -> str:
+    """One line per row; ``vs ray``: the row's steps/s over the Ray peer's with as many workers."""
     bound = next(r["steps_per_second"] for r in rows if r["method"] == "bound")
+    ray = {r["workers"]: r["steps_per_second"] for r in rows if r["method"] == "ray"}
     lines = [
         f"{'method':11s} {'engine':6s} {'workers':>7s} {'env steps':>10s} {'seconds':>8s} {'steps/s':>9s} "
-        f"{'vs bound':>8s} {'waiting for weights':>20s}",
+        f"{'vs bound':>8s} {'vs ray':>7s} {'waiting for weights':>20s}",
     ]
     for r in rows:
         wait = r.get("weight_wait_fraction")
+        peer = ray.get(r["workers"]) if r["method"] == "cluster" else None
+        versus = f"{r['steps_per_second'] / peer:.2f}x" if peer else "-"
         lines.append(
             f"{r['method']:11s} {r['engine']:6s} {r['workers']:7d} {r['env_steps']:10,d} {r['seconds']:8.1f} "
             f"{r['steps_per_second']:9,.0f} {r['steps_per_second'] / bound:8.2f} "
+            f"{versus:>7s} "
             f"{'-' if wait is None else f'{100 * wait:.1f}%':>20s}"
         )
     return "\n".join(lines)
@@ -147,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 4 short epochs (for tests)")
     parser.add_argument("--json", type=Path, default=None, help="write one row per measurement here")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray peer")
     args = parser.parse_args(argv)
     if args.quick:
         args.workers, args.epochs, args.steps_per_epoch = [1, 2], 4, 512
@@ -163,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"running {engine} with {workers} eval worker(s)...", file=sys.stderr, flush=True)
                 rows.append(measure_cluster(spec, root, nodes=min(args.nodes, workers)))
+        if not args.no_ray:
+            rows += measure_ray(args)
     for row in rows:
         row["steps_per_second"] = row["env_steps"] / row["seconds"] if row["seconds"] > 0 else 0.0
         row["scenario"] = "cartpole-ppo"
