@@ -120,7 +120,9 @@ def measure_cluster(spec: RLJob, root: Path, *, nodes: int) -> dict[str, Any]:
         "engine": spec.spec.engine.value,
         "workers": spec.spec.evaluator.replicas,
         "env_steps": summary["env_steps"],
-        "seconds": summary["wall_seconds"],
+        # From the first eval worker's registration (the Ray rows start once their actors are up).
+        "seconds": summary["wall_seconds"] - summary.get("seconds_to_first_worker", 0.0),
+        "startup_seconds": summary.get("seconds_to_first_worker"),
         "weight_wait_fraction": summary.get("weight_wait_fraction"),
         "dropped_stale": summary.get("dropped_stale", 0),
     }

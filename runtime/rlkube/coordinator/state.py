@@ -90,6 +90,8 @@ class Coordinator:
         self._shard_batch: EpochBatch | None = None
         self._shard_serial = -1  # which engine step the batch belongs to
         self._evaluations: dict[str, tuple[tuple[float, ...], tuple[int, ...]]] = {}
+        #: When the first eval worker registered (clock time): the start-up a run's wall time includes.
+        self.first_registration_at: float | None = None
         self._published_version = 0
         self._version_checks: dict[int, list[bool]] = {}  # version -> each worker's fingerprint verdict
 
@@ -105,6 +107,8 @@ class Coordinator:
             )
             self._forget(replaced)
             self.loads.register(worker.worker_id, node_name)
+            if self.first_registration_at is None:
+                self.first_registration_at = self.clock()
             self._cond.notify_all()
             return worker
 

@@ -263,6 +263,9 @@ class RankZeroEngine:
             if latest is None or latest.progress.epoch != tracker.epoch:
                 self.save(tracker)
         checks = self.fingerprint_checks
+        first = self.coordinator.first_registration_at
+        if first is not None:  # start-up inside wall_seconds: eval workers importing, envs starting
+            details = {**details, "seconds_to_first_worker": round(max(0.0, first - tracker.started), 3)}
         summary = tracker.summary(
             stop_reason=stop_reason, now=self.ctx.clock(), paths={**self.ctx.paths.as_dict()}
         )

@@ -174,6 +174,9 @@ class EvalWeightPlane:
                 if satisfied(self.loader.current_key) or time.monotonic() >= deadline:
                     return self.loader.current_key
         while time.monotonic() < deadline:
+            # Held already: no update cycle (the watcher nudges the updater for newer versions itself).
+            if satisfied(self.loaded_key()):
+                break
             policy.notify_update_weights()
             policy.wait_for_weight_update_done(timeout=max(0.0, deadline - time.monotonic()))
             if satisfied(self.loaded_key()):
