@@ -169,8 +169,9 @@ class LocalRun:
         alive = []
         for pid in self.seen_pids:
             try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            except (OSError, IndexError):
                 continue
-            alive.append(pid)
+            if state not in ("Z", "X"):  # an exited pod nobody reaped (its supervisor died) is gone
+                alive.append(pid)
         return alive

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -138,6 +139,21 @@ def test_ctrl_c_stops_every_process_and_removes_the_shm_directories(local_run, t
     assert not run.leftovers()
     assert not Path(run.shm_root).exists()
     assert any(p.name.startswith("ckpt-") for p in (run.run_dir / "checkpoints").iterdir())
+
+
+def test_a_supervisor_killed_with_sigkill_takes_every_pod_with_it(local_run, tmp_path) -> None:
+    run = start(local_run, tmp_path, train__maxEpochs=500)
+    run.wait_until(lambda s: s.epoch >= 1 and s.eval_workers == 2, timeout=180, what="epoch 1, 2 workers")
+    assert len(run.seen_pids) == 3
+    os.kill(run.proc.pid, signal.SIGKILL)  # no chance to stop anything itself
+    run.proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while run.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not run.leftovers(), "pods outlived their supervisor"
+    # Their shm directories are the supervisor's to remove; this one cannot, so the test does.
+    if run.shm_root:
+        shutil.rmtree(run.shm_root, ignore_errors=True)
 
 
 def test_a_run_that_keeps_failing_exits_non_zero_with_the_last_log_lines(local_run, tmp_path) -> None:

@@ -17,6 +17,7 @@ removes the shm directories. A failure exits non-zero with the failing process's
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -34,6 +35,30 @@ from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
 from rlkube.engine.run_paths import RunPaths
 from rlkube.spec import RLJob
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not Linux: Ctrl-C and SIGTERM still stop every "pod"
+        return None
+
+
+# Resolved once, here: the child calls it between fork and exec, where nothing should be loaded.
+_prctl = _load_prctl()
+
+
+def _die_with_supervisor() -> None:
+    """In each "pod" before exec: SIGTERM when the supervisor dies, even by SIGKILL.
+
+    The pods run in sessions of their own (so a terminal's Ctrl-C reaches only the supervisor,
+    which stops them in order); without this, a killed supervisor would leave them running.
+    """
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 CONTROL_FILE = "control.json"
 #: Written by the supervisor while it runs: the coordinator's address and every "pod" with its pid.
@@ -214,7 +239,12 @@ class Supervisor:
         with log_path.open("ab") as log:
             log.write(f"==== {name} started at {time.strftime('%H:%M:%S')} (restart {restarts})\n".encode())
             popen = subprocess.Popen(
-                self.command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_supervisor,
             )
         return Proc(name, role, index, popen, log_path, time.monotonic(), restarts)
 

@@ -94,6 +94,7 @@ class BasePolicy(nn.Module, ABC):
         self._update_weights_signal: threading.Event | None = None
         self._weight_update_done: threading.Event | None = None
         self._update_lock = threading.Lock()
+        self._cycle_lock = threading.Lock()  # one stage-and-commit at a time (updater or caller)
         self._updates_requested = 0  # notify_update_weights() calls so far
         self._weight_source: WeightSource | None = None
         self._updater: threading.Thread | None = None
@@ -332,7 +333,8 @@ class BasePolicy(nn.Module, ABC):
                 serving = self._updates_requested
             try:
                 if not self._stop_updater.is_set():
-                    self.update_weights_from_buffer()
+                    with self._cycle_lock:
+                        self.update_weights_from_buffer()
                 self.last_update_error = None
             except Exception as exc:  # never kill the thread: the next version may load fine
                 self.last_update_error = f"{type(exc).__name__}: {exc}"
@@ -341,6 +343,16 @@ class BasePolicy(nn.Module, ABC):
                 with self._update_lock:
                     if serving == self._updates_requested:
                         self._weight_update_done.set()
+
+    def update_weights_now(self) -> int | None:
+        """Load the newest snapshot in the calling thread; for callers between rollouts.
+
+        An eval worker that must hold a version before its next task loads it itself instead of
+        waking the updater thread and waiting for it (thread hand-offs cost milliseconds on a busy
+        node). The updater's cycle and this one never overlap.
+        """
+        with self._cycle_lock:
+            return self.update_weights_from_buffer()
 
     def update_weights_from_buffer(self) -> int | None:
         """Load the newest snapshot from the weight source; returns its version or None if none is newer."""

@@ -158,8 +158,9 @@ class EvalWeightPlane:
         """Make sure the model holds ``min_version`` or newer; returns (incarnation, version) held.
 
         With ``incarnation`` the version must also come from it (train rank 0 restarted: its
-        numbers start again). Background strategies: nudge the updater and wait for it; None:
-        fetch and load here. Returns what the model holds when the timeout passes (maybe None).
+        numbers start again). Background strategies: load the newest snapshot of the node's buffer
+        in this thread (waiting for it to arrive); None: fetch and load here. Returns what the
+        model holds when the timeout passes (maybe None).
         """
         deadline = time.monotonic() + timeout
 
@@ -177,11 +178,16 @@ class EvalWeightPlane:
             # Held already: no update cycle (the watcher nudges the updater for newer versions itself).
             if satisfied(self.loaded_key()):
                 break
-            policy.notify_update_weights()
-            policy.wait_for_weight_update_done(timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                policy.update_weights_now()  # the caller is between rollouts: no hand-off to the updater
+                policy.last_update_error = None
+            except Exception as exc:  # as the updater does: keep what is held, say why, try again
+                if policy.last_update_error is None:
+                    logger.exception("weight update failed; keeping version %d", policy.weight_version)
+                policy.last_update_error = f"{type(exc).__name__}: {exc}"
             if satisfied(self.loaded_key()):
                 break
-            time.sleep(0.01)
+            time.sleep(0.005)  # not in this node's buffer yet (its receiver is still fetching)
         return self.loaded_key()
 
     def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest:
