@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
+from rlkube.launch.local import sweep_stale_shm_roots
 
 from tests.runtime.cluster import LocalRun, write_job
 from tests.runtime.slow_env import ENV_ID as SLOW_ENV
@@ -151,9 +151,10 @@ def test_a_supervisor_killed_with_sigkill_takes_every_pod_with_it(local_run, tmp
     while run.leftovers() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not run.leftovers(), "pods outlived their supervisor"
-    # Their shm directories are the supervisor's to remove; this one cannot, so the test does.
-    if run.shm_root:
-        shutil.rmtree(run.shm_root, ignore_errors=True)
+    # Its shm root stays (it was the supervisor's to remove) until the next local run sweeps it.
+    assert run.shm_root
+    assert Path(run.shm_root).exists()
+    assert sweep_stale_shm_roots(Path(run.shm_root).parent) == [Path(run.shm_root)]
 
 
 def test_a_run_that_keeps_failing_exits_non_zero_with_the_last_log_lines(local_run, tmp_path) -> None:

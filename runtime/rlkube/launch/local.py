@@ -220,8 +220,10 @@ class Supervisor:
     def prepare(self) -> None:
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         (self.layout.run_dir / "logs").mkdir(exist_ok=True)
+        sweep_stale_shm_roots(self.layout.shm_root.parent)
         for node in range(self.layout.nodes):
             self.layout.shm_dir(node).mkdir(parents=True, exist_ok=True)
+        (self.layout.shm_root / SUPERVISOR_PID_FILE).write_text(f"{os.getpid()}\n")
         self.desired_evaluators = self.layout.job.spec.evaluator.replicas
         self.write_control(self.desired_evaluators)
 
@@ -367,6 +369,39 @@ class Supervisor:
 
     def all_procs(self) -> list[Proc]:
         return [*self.train.values(), *self.evals.values()]
+
+
+#: In each run's shm root: the pid of the supervisor that owns it.
+SUPERVISOR_PID_FILE = "supervisor.pid"
+
+
+def sweep_stale_shm_roots(parent: Path) -> list[Path]:
+    """Remove the shm roots of local runs whose supervisor is gone (it was killed with SIGKILL).
+
+    Only directories holding a ``supervisor.pid`` of a process that no longer exists are
+    removed; anything else under ``parent`` is left alone. Returns what was removed.
+    """
+    removed = []
+    for pid_file in parent.glob(f"rlkube-*/{SUPERVISOR_PID_FILE}"):
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if pid <= 0 or _alive(pid):
+            continue
+        shutil.rmtree(pid_file.parent, ignore_errors=True)
+        removed.append(pid_file.parent)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _signal(proc: Proc, sig: signal.Signals) -> None:
