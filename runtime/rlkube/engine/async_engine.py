@@ -68,18 +68,14 @@ class AsyncEngine(RankZeroEngine):
                 self.coordinator.set_min_version(version - bound)
                 due = train.eval_interval and (tracker.epoch + 1) % train.eval_interval == 0
                 eval_return = self.evaluate(epoch=tracker.epoch + 1, version=version) if due else None
-                record = tracker.epoch_done(
-                    env_steps=kept.env_steps,
-                    weight_version=version,
-                    episode_returns=kept.episode_returns,
-                    episode_lengths=kept.episode_lengths,
+                if self.record_epoch(
+                    tracker,
+                    kept,
+                    version=version,
                     metrics={**metrics, "charts/max_lag": float(max(lags))},
-                    fingerprints_consistent=consistent,
+                    consistent=consistent,
                     eval_return=eval_return,
-                    now=self.ctx.clock(),
-                )
-                self.epoch_done(tracker, record)
-                if tracker.target_reached:
+                ):
                     stop_reason = "target_return"
         except Stopped:
             logger.info("stopping at step %d (SIGTERM); saving a checkpoint", tracker.epoch)

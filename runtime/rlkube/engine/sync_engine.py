@@ -39,18 +39,14 @@ class SyncEngine(RankZeroEngine):
                 metrics = self.train_on(shard, version=version)
                 due = train.eval_interval and (epoch + 1) % train.eval_interval == 0
                 eval_return = self.evaluate(epoch=epoch + 1, version=version) if due else None
-                record = tracker.epoch_done(
-                    env_steps=batch.env_steps,
-                    weight_version=version,
-                    episode_returns=batch.episode_returns,
-                    episode_lengths=batch.episode_lengths,
+                if self.record_epoch(
+                    tracker,
+                    batch,
+                    version=version,
                     metrics=metrics,
-                    fingerprints_consistent=consistent,
+                    consistent=consistent,
                     eval_return=eval_return,
-                    now=self.ctx.clock(),
-                )
-                self.epoch_done(tracker, record)
-                if tracker.target_reached:
+                ):
                     stop_reason = "target_return"
         except Stopped:
             logger.info("stopping at epoch %d (SIGTERM); saving a checkpoint", tracker.epoch)

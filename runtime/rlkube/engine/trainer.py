@@ -23,6 +23,7 @@ from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.state import Coordinator
 from rlkube.coordinator.wire import batch_from_proto
 from rlkube.data.replay_buffer import ReplayBuffer
+from rlkube.data.rollout_buffer import EpochBatch
 from rlkube.engine.checkpoint import CheckpointStore, TrainerProgress
 from rlkube.engine.ranks import Command, Op, RankChannel
 from rlkube.engine.report import EpochRecord, RunObserver, RunSummary, notify
@@ -236,6 +237,30 @@ class RankZeroEngine:
             eval_return=tracker.last_eval,
         )
         return tracker
+
+    def record_epoch(
+        self,
+        tracker: RunTracker,
+        batch: EpochBatch,
+        *,
+        version: int,
+        metrics: dict[str, float],
+        consistent: bool | None,
+        eval_return: float | None,
+    ) -> bool:
+        """Book a trained step (observers, status, checkpoint when due); True once the target is reached."""
+        record = tracker.epoch_done(
+            env_steps=batch.env_steps,
+            weight_version=version,
+            episode_returns=batch.episode_returns,
+            episode_lengths=batch.episode_lengths,
+            metrics=metrics,
+            fingerprints_consistent=consistent,
+            eval_return=eval_return,
+            now=self.ctx.clock(),
+        )
+        self.epoch_done(tracker, record)
+        return tracker.target_reached
 
     def epoch_done(self, tracker: RunTracker, record: EpochRecord) -> None:
         notify(self.ctx.observers, "on_epoch", record)
