@@ -136,6 +136,10 @@ class RankZeroEngine:
     #: How long an evaluation may wait for an eval worker before it is skipped.
     EVALUATION_TIMEOUT = 120.0
 
+    def run(self) -> RunSummary:
+        """Drive the job to its end; each engine (sync, async, eval) defines its loop."""
+        raise NotImplementedError
+
     def __init__(self, ctx: TrainContext) -> None:
         assert ctx.coordinator is not None
         assert ctx.publisher is not None
