@@ -3,7 +3,7 @@
 #   make test     install with the dev extra and run the whole test suite
 #   make cluster  start the API emulator, the operator and a kubelet that runs pods as local processes,
 #                 print the KUBECONFIG to export (CLUSTER_ARGS="--kubelet ready --simulate-training": run nothing)
-#   make lint     ruff, import layers, yamllint, shellcheck, hadolint
+#   make lint     ruff, mypy, import layers, yamllint, shellcheck, hadolint
 #   make generate regenerate crds/, the chart's CRD copy, docs/rljob-reference.md and runtime/rlkube/_proto
 
 PYTHON ?= python3
@@ -51,6 +51,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(VENV)/bin/yamllint --strict -c tests/delivery/yamllint.yaml $(DELIVERY_YAML)
 	$(VENV)/bin/shellcheck $(SHELLCHECK_ARGS) e2e/run.sh
 	$(VENV)/bin/hadolint Dockerfile

@@ -12,7 +12,6 @@ kopf's retry semantics. No manifest literals here.
 
 from __future__ import annotations
 
-import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,9 +32,7 @@ RETRY_DELAY = 5.0
 
 
 @kopf.on.startup()
-async def on_startup(
-    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
-) -> None:
+async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     startup.configure(settings, SETTINGS)
     await startup.start(memo, SETTINGS, logger=logger)
 

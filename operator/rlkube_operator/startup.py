@@ -38,7 +38,9 @@ def configure(kopf_settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     kopf_settings.peering.standalone = True
 
 
-async def start(memo: Any, ours: OperatorSettings, *, logger: logging.Logger) -> None:
+async def start(
+    memo: Any, ours: OperatorSettings, *, logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> None:
     memo.settings = ours
     memo.kube = Kube.connect(field_manager=ours.field_manager, timeout=ours.api_timeout)
     memo.reconciler = Reconciler(kube=memo.kube, settings=ours)

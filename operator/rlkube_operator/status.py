@@ -497,7 +497,7 @@ def _merge_conditions(
                 status=text,
                 reason=reason,
                 message=message,
-                last_transition_time=stamp if flipped else old.last_transition_time,
+                last_transition_time=stamp if flipped or old is None else old.last_transition_time,
                 observed_generation=generation,
             )
         )

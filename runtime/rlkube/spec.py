@@ -226,7 +226,7 @@ class PolicySpec(_Model):
         return self.weight_buffer.strategy.value
 
 
-class EnvSpec(_Model):
+class EnvSpec(_Model):  # type: ignore[no-redef]  # mypy's pydantic plugin: a field named kwargs
     """``env``: the gymnasium environment each eval replica runs as a vector of ``numEnvs`` copies."""
 
     id: Annotated[str, StringConstraints(min_length=1)] = Field(

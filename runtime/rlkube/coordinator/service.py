@@ -22,7 +22,7 @@ from rlkube.coordinator.tasks import TaskKind, TaskSpec
 from rlkube.coordinator.wire import batch_to_proto, fragment_from_proto
 from rlkube.data.wire import WireError
 from rlkube.weights.consistency import WorkerLoad
-from rlkube.weights.wire import SERVER_OPTIONS
+from rlkube.weights.wire import SERVER_OPTIONS, abort
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,10 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         if request.role and request.role != "eval":
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"role {request.role!r}: only eval workers register"
+            abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"role {request.role!r}: only eval workers register",
             )
         worker = self.coordinator.register(
             pod_name=request.pod_name,
@@ -100,7 +102,7 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
                 )
             )
         except NotRegistered:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered")
+            abort(context, grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered")
         if not consistent:
             logger.warning(
                 "eval worker %s loaded version %d inconsistently: %s",
@@ -115,7 +117,7 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
         try:
             return task_to_proto(self.coordinator.lease(request.worker_id, wait_seconds=wait))
         except NotRegistered:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered")
+            abort(context, grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered")
 
     def PushFragment(self, request: pb.Fragment, context: grpc.ServicerContext) -> pb.PushAck:
         fragment = None
@@ -147,9 +149,9 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
                 serial=request.epoch, rank=request.rank, world_size=request.world_size, wait_seconds=wait
             )
         except (ValueError, ShardGone) as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if shard is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"step {request.epoch} is not ready yet")
+            abort(context, grpc.StatusCode.UNAVAILABLE, f"step {request.epoch} is not ready yet")
         yield pb.Fragment(epoch=request.epoch, batch=batch_to_proto(shard))
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from tensordict import TensorDict
@@ -67,4 +68,4 @@ def concat_rows(fragments: Sequence[Fragment]) -> TensorDict:
     lengths = {f.length for f in fragments}
     if len(lengths) != 1:
         raise ValueError(f"fragments have different lengths {sorted(lengths)}; cannot stack them as rows")
-    return torch.cat([f.data for f in fragments], dim=0)
+    return cast(TensorDict, torch.cat([f.data for f in fragments], dim=0))

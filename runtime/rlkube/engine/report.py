@@ -192,7 +192,7 @@ class LearningCurve:
                 steps = [s for s, _, _ in self.episodes]
                 returns = [r for _, r, _ in self.episodes]
                 ax.plot(steps, returns, ".", alpha=0.25, markersize=3, label="episode return")
-                means = [recent_mean(returns[: i + 1]) for i in range(len(returns))]
+                means = [recent_mean(returns[: i + 1]) or 0.0 for i in range(len(returns))]
                 ax.plot(steps, means, "-", linewidth=2, label=f"mean of last {RECENT_EPISODES}")
             if self.evaluations:
                 ax.plot(*zip(*self.evaluations, strict=True), "s", label="evaluation (greedy)")

@@ -269,7 +269,7 @@ class BasePolicy(nn.Module, ABC):
         await self._admission.enter()
         try:
             with torch.inference_mode():
-                result = self.rollout_step(env_ret.to(self.device), **kwargs)
+                result: Any = self.rollout_step(env_ret.to(self.device), **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
             return result

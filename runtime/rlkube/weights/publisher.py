@@ -254,7 +254,8 @@ def split_evenly(sizes: list[int], parts: int) -> list[tuple[int, int]]:
     total = sum(sizes)
     if parts <= 1 or total == 0 or len(sizes) <= 1:
         return [(0, len(sizes))]
-    ranges, lo, acc = [], 0, 0
+    ranges: list[tuple[int, int]] = []
+    lo = acc = 0
     for i, size in enumerate(sizes):
         acc += size
         if acc >= total * (len(ranges) + 1) / parts and len(ranges) < parts - 1:

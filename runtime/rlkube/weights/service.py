@@ -29,7 +29,14 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube.weights.copies import checksum, copy_slot_into_message
 from rlkube.weights.layout import WeightLayout
 from rlkube.weights.shm import PinnedSlot, ShmWriter
-from rlkube.weights.wire import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, SERVER_OPTIONS, SERVICE, chunk_framing
+from rlkube.weights.wire import (
+    DEFAULT_CHUNK_BYTES,
+    MAX_MESSAGE_BYTES,
+    SERVER_OPTIONS,
+    SERVICE,
+    abort,
+    chunk_framing,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +143,7 @@ class _Servicer:
     def get_layout(self, request: pb.GetLayoutRequest, context: grpc.ServicerContext) -> pb.WeightLayout:
         layout = self.board.layout(request.layout_digest)
         if layout is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no layout {request.layout_digest or '(newest)'} here")
+            abort(context, grpc.StatusCode.NOT_FOUND, f"no layout {request.layout_digest or '(newest)'} here")
         return layout.to_proto()
 
     def watch(
@@ -158,21 +165,24 @@ class _Servicer:
         pinned = self.board.pin(incarnation, request.version, wait=PEER_WAIT_SECONDS)
         if pinned is None:
             newest = f"{latest.incarnation}/{latest.version}" if latest is not None else "none"
-            context.abort(
+            abort(
+                context,
                 grpc.StatusCode.NOT_FOUND,
                 f"version {incarnation}/{request.version} is not served here (newest: {newest})",
             )
         try:
             meta = pinned.meta
             if request.layout_digest and request.layout_digest != meta.digest:
-                context.abort(
+                abort(
+                    context,
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"version {request.version} has layout {meta.digest}, not {request.layout_digest}",
                 )
             start = int(request.offset)
             end = meta.length if request.length == 0 else start + int(request.length)
             if start > end or end > meta.length:
-                context.abort(
+                abort(
+                    context,
                     grpc.StatusCode.OUT_OF_RANGE,
                     f"range [{start}, {end}) is outside version {request.version} ({meta.length} bytes)",
                 )
@@ -183,7 +193,7 @@ class _Servicer:
             for offset in range(start, end, step):
                 if pinned.superseded:
                     self.board.stats.aborted += 1
-                    context.abort(grpc.StatusCode.ABORTED, f"version {request.version} was superseded")
+                    abort(context, grpc.StatusCode.ABORTED, f"version {request.version} was superseded")
                 data = pinned.data[offset : min(offset + step, end)]
                 key = (meta.incarnation, meta.version, offset, len(data))
                 prefix, suffix = chunk_framing(

@@ -26,9 +26,15 @@ after the flip, by :func:`write_checksum` (the trainer wakes local readers befor
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TypeAlias
+
+#: What the header is read from and written to: the mapped file, or a copy in tests.
+Readable: TypeAlias = memoryview | bytes | bytearray | mmap.mmap
+Writable: TypeAlias = memoryview | bytearray | mmap.mmap
 
 MAGIC = b"RLKWBUF\0"
 FORMAT_VERSION = 1
@@ -100,13 +106,13 @@ def _field(value: str, what: str) -> bytes:
     return raw
 
 
-def init_header(buf: memoryview | bytearray) -> None:
+def init_header(buf: Writable) -> None:
     """Write an empty header (no slot ready) into ``buf``."""
     buf[:HEADER_BYTES] = bytes(HEADER_BYTES)
     _TOP.pack_into(buf, 0, MAGIC, FORMAT_VERSION, HEADER_BYTES, 0, -1, 0, bytes(16), 0)
 
 
-def check_header(buf: memoryview | bytes) -> None:
+def check_header(buf: Readable) -> None:
     magic, fmt, size = struct.unpack_from("<8sII", buf, 0)
     if magic != MAGIC:
         raise HeaderError(f"bad magic {magic!r}: not an rlkube weight buffer")
@@ -117,14 +123,14 @@ def check_header(buf: memoryview | bytes) -> None:
         )
 
 
-def read_header(buf: memoryview | bytes) -> Header:
+def read_header(buf: Readable) -> Header:
     raw = bytes(buf[: _SLOT_BASE + NUM_SLOTS * _SLOT_STRIDE])  # one snapshot of the bytes
     check_header(raw)
     _, _, _, seq, latest, pid, token, publishes = _TOP.unpack_from(raw, 0)
     return Header(seq, latest, pid, token, publishes, tuple(read_slot(raw, i) for i in range(NUM_SLOTS)))
 
 
-def read_slot(buf: memoryview | bytes, index: int) -> SlotMeta:
+def read_slot(buf: Readable, index: int) -> SlotMeta:
     state, grid, version, length, csum, cap, gen, at, inc, digest = _SLOT.unpack_from(
         buf, _SLOT_BASE + index * _SLOT_STRIDE
     )
@@ -135,11 +141,11 @@ def read_slot(buf: memoryview | bytes, index: int) -> SlotMeta:
     return SlotMeta(slot_state, version, length, csum, cap, gen, at, _text(inc), _text(digest), grid)
 
 
-def read_seq(buf: memoryview | bytes) -> int:
+def read_seq(buf: Readable) -> int:
     return _SEQ.unpack_from(buf, _SEQ_OFFSET)[0]
 
 
-def write_slot(buf: memoryview | bytearray, index: int, meta: SlotMeta) -> None:
+def write_slot(buf: Writable, index: int, meta: SlotMeta) -> None:
     _SLOT.pack_into(
         buf,
         _SLOT_BASE + index * _SLOT_STRIDE,
@@ -156,20 +162,20 @@ def write_slot(buf: memoryview | bytearray, index: int, meta: SlotMeta) -> None:
     )
 
 
-def write_checksum(buf: memoryview | bytearray, index: int, checksum: int) -> None:
+def write_checksum(buf: Writable, index: int, checksum: int) -> None:
     """Record the checksum of a READY slot published as pending (0); the only field written after commit."""
     struct.pack_into("<Q", buf, _SLOT_BASE + index * _SLOT_STRIDE + 24, checksum)
 
 
-def write_writer(buf: memoryview | bytearray, pid: int, token: bytes) -> None:
+def write_writer(buf: Writable, pid: int, token: bytes) -> None:
     struct.pack_into("<I16s", buf, 28, pid, token)
 
 
-def write_latest(buf: memoryview | bytearray, index: int) -> None:
+def write_latest(buf: Writable, index: int) -> None:
     _LATEST.pack_into(buf, _LATEST_OFFSET, index)
 
 
-def bump_seq(buf: memoryview | bytearray) -> int:
+def bump_seq(buf: Writable) -> int:
     """Advance seq and the publish counter (written last in a publish); returns the new seq."""
     seq = _SEQ.unpack_from(buf, _SEQ_OFFSET)[0]
     publishes = struct.unpack_from("<Q", buf, 48)[0]

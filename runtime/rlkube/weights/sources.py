@@ -73,7 +73,7 @@ def bind(policy: BasePolicy, layout: WeightLayout) -> list[Binding]:
             owner: nn.Module = model.get_submodule(owner_path) if owner_path else model
         except AttributeError as exc:
             raise LayoutError(f"eval model {entry.module!r} has no submodule for {entry.param!r}") from exc
-        target = owner._parameters.get(attr)
+        target: torch.Tensor | None = owner._parameters.get(attr)
         if target is None:
             target = owner._buffers.get(attr)
         if target is None:

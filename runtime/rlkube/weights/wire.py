@@ -10,6 +10,9 @@ payload as a zero-copy ``memoryview`` of the message (see :mod:`rlkube.weights.c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
+
+import grpc
 
 from rlkube.weights.errors import IntegrityError
 
@@ -116,3 +119,9 @@ def decode_chunk(message: bytes | memoryview) -> Chunk:
     if pos != len(buf):
         raise IntegrityError("malformed weight chunk: trailing bytes")
     return Chunk(version, offset, data, checksum)
+
+
+def abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    """``context.abort`` as the type checker should see it: it raises, it never returns."""
+    context.abort(code, details)
+    raise AssertionError("unreachable: ServicerContext.abort raises")

@@ -15,7 +15,7 @@ Metrics (``log_metric``): ``losses/policy_loss``, ``losses/value_loss``, ``losse
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict
@@ -76,7 +76,7 @@ class PPO(BasePolicy):
     def update_dataset(self, data: TensorDict) -> None:
         """GAE over this rank's ``[rows, T]`` share with the current critic, then flatten to ``b_``."""
         data = data.to(self.device)
-        model = unwrap(self.model)
+        model = cast(ActorCritic, unwrap(self.model))
         rows, steps = data.batch_size
         flat_obs = data[OBSERVATION].reshape(rows * steps, *data[OBSERVATION].shape[2:])
         flat_next = data[NEXT_OBSERVATION].reshape(rows * steps, *data[NEXT_OBSERVATION].shape[2:])
@@ -109,7 +109,7 @@ class PPO(BasePolicy):
         size = len(self.dataset) if global_batch is None else max(1, int(global_batch) // self.world_size)
         return min(size, len(self.dataset))
 
-    def train(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+    def train(self, *args: Any, **kwargs: Any) -> dict[str, float]:  # type: ignore[override]  # RLightning's train()
         if self.dataset is None or self.optimizer is None:
             raise RuntimeError("PPO.train needs init_train() and update_dataset() first")
         b = self.dataset
