@@ -27,6 +27,7 @@ def test_lint_runs_every_linter_the_header_names() -> None:
     header = next(line for line in MAKEFILE.splitlines() if line.startswith("#   make lint"))
     assert header.split("make lint", 1)[1].split() == [
         "ruff,",
+        "mypy,",
         "import",
         "layers,",
         "yamllint,",
@@ -34,7 +35,15 @@ def test_lint_runs_every_linter_the_header_names() -> None:
         "hadolint",
     ]
     lines = recipe("lint")
-    for tool in ("ruff check", "ruff format --check", "lint-imports", "yamllint", "shellcheck", "hadolint"):
+    for tool in (
+        "ruff check",
+        "ruff format --check",
+        "mypy",
+        "lint-imports",
+        "yamllint",
+        "shellcheck",
+        "hadolint",
+    ):
         assert any(f"/bin/{tool}" in line for line in lines), tool
 
 

@@ -144,7 +144,7 @@ def test_ctrl_c_stops_every_process_and_removes_the_shm_directories(local_run, t
 def test_a_supervisor_killed_with_sigkill_takes_every_pod_with_it(local_run, tmp_path) -> None:
     run = start(local_run, tmp_path, train__maxEpochs=500)
     run.wait_until(lambda s: s.epoch >= 1 and s.eval_workers == 2, timeout=180, what="epoch 1, 2 workers")
-    assert len(run.seen_pids) == 3
+    assert len(run.seen_pids) >= 3  # every pod the run started (more if one was restarted)
     os.kill(run.proc.pid, signal.SIGKILL)  # no chance to stop anything itself
     run.proc.wait(timeout=30)
     deadline = time.monotonic() + 60

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -154,3 +155,29 @@ def test_a_second_trainer_on_the_same_directory_is_refused(shm_dir: Path) -> Non
         pytest.raises(WriterBusyError, match="another trainer publishes into"),
     ):
         WeightPublisher(PublisherConfig(shm_dir=shm_dir)).connect()
+
+
+@pytest.mark.parametrize("strategy", ["None", "Shared"])
+def test_a_stopping_worker_stops_waiting_for_a_version_that_will_not_come(
+    strategy: str, shm_dir: Path
+) -> None:
+    trainer = tiny_policy("train")
+    trainer.init_train()
+    with WeightPublisher(PublisherConfig(shm_dir=shm_dir, listen="127.0.0.1:0")) as publisher:
+        version = publisher.send(trainer.get_trainable_parameters())
+        policy = tiny_policy("eval", strategy=strategy, seed=5)
+        plane = EvalWeightPlane(EvalPlaneConfig(strategy, shm_dir, publisher.address, "eval-0"))
+        plane.attach(policy)
+        policy.init_eval()
+        plane.start(policy)
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()  # SIGTERM arrives while the worker waits
+        try:
+            started = time.monotonic()
+            held = plane.sync(policy, min_version=version + 1, timeout=60, stop=stop)
+            assert time.monotonic() - started < 10, "sync ignored the stop and waited for its timeout"
+            assert held is not None
+            assert held[1] == version  # what it had; the caller sees it is short of the version it wanted
+        finally:
+            policy.close()
+            plane.close()

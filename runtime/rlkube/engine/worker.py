@@ -172,16 +172,22 @@ class EvalWorker:
             if task.kind == pb.Task.NONE:
                 continue
             waited = self._load(policy, plane, max(task.min_version, self.min_version))
+            if waited is None:  # stopped while waiting for the weights: the task goes back when we leave
+                return
             if task.kind == pb.Task.COLLECT:
                 self._collect(task, rollout, waited)
             elif task.kind == pb.Task.EVALUATE:
                 self._evaluate(task, policy)
 
-    def _load(self, policy: BasePolicy, plane: EvalWeightPlane, version: int) -> float:
+    def _load(self, policy: BasePolicy, plane: EvalWeightPlane, version: int) -> float | None:
         """Make the model hold at least ``version``; report a newly loaded version. Seconds waited."""
         started = time.perf_counter()
         # Versions count within one incarnation of train rank 0 (a restarted rank 0 counts again).
-        key = plane.sync(policy, min_version=version, incarnation=self.incarnation, timeout=120.0)
+        key = plane.sync(
+            policy, min_version=version, incarnation=self.incarnation, timeout=120.0, stop=self.stop
+        )
+        if self.stop.is_set() and (key is None or key[1] < version):
+            return None
         waited = time.perf_counter() - started
         if key is None or key[1] < version or (self.incarnation and key[0] != self.incarnation):
             raise RuntimeError(f"weights v{version} did not arrive within 120 s (holding {key})")

@@ -30,6 +30,7 @@ Sharded           as Shared, with ``streams`` parallel range fetches from every 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,25 +155,32 @@ class EvalWeightPlane:
         min_version: int = 0,
         incarnation: str | None = None,
         timeout: float = 60.0,
+        stop: threading.Event | None = None,
     ) -> tuple[str, int] | None:
         """Make sure the model holds ``min_version`` or newer; returns (incarnation, version) held.
 
         With ``incarnation`` the version must also come from it (train rank 0 restarted: its
         numbers start again). Background strategies: load the newest snapshot of the node's buffer
         in this thread (waiting for it to arrive); None: fetch and load here. Returns what the
-        model holds when the timeout passes (maybe None).
+        model holds when the timeout passes or ``stop`` is set (maybe None).
         """
         deadline = time.monotonic() + timeout
 
         def satisfied(key: tuple[str, int] | None) -> bool:
             return key is not None and key[1] >= min_version and incarnation in (None, key[0])
 
+        def stopped(wait: float = 0.0) -> bool:
+            if stop is None:
+                time.sleep(wait)
+                return False
+            return stop.wait(wait) if wait else stop.is_set()
+
         if self.loader is not None:
             while True:
                 waiting = not satisfied(self.loader.current_key)
                 left = max(0.0, deadline - time.monotonic())
-                self.loader.load_newest(policy, wait=left if waiting else 0.05)
-                if satisfied(self.loader.current_key) or time.monotonic() >= deadline:
+                self.loader.load_newest(policy, wait=min(left, 1.0) if waiting else 0.05)
+                if satisfied(self.loader.current_key) or time.monotonic() >= deadline or stopped():
                     return self.loader.current_key
         while time.monotonic() < deadline:
             # Held already: no update cycle (the watcher nudges the updater for newer versions itself).
@@ -187,7 +195,9 @@ class EvalWeightPlane:
                 policy.last_update_error = f"{type(exc).__name__}: {exc}"
             if satisfied(self.loaded_key()):
                 break
-            time.sleep(0.005)  # not in this node's buffer yet (its receiver is still fetching)
+            # Not in this node's buffer yet (its receiver is still fetching).
+            if stopped(0.005):
+                break
         return self.loaded_key()
 
     def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest:
