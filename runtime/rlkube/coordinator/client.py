@@ -112,13 +112,20 @@ class PolicyGroupClient:
             timeout=wait_seconds + CALL_TIMEOUT,
         )
 
-    def push(self, fragment: pb.Fragment, *, retry_for: float) -> pb.PushAck:
+    def push(
+        self,
+        fragment: pb.Fragment,
+        *,
+        retry_for: float,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> pb.PushAck:
         # Retrying a push is safe: the coordinator acknowledges each task once (duplicates are flagged).
         return self.call(
             "PushFragment",
             lambda t: self.stub.PushFragment(fragment, timeout=t),
             timeout=CALL_TIMEOUT + fragment.ByteSize() / 50e6,
             retry_for=retry_for,
+            should_stop=should_stop,
         )
 
     def report_loaded(self, request: pb.ReportLoadedRequest) -> pb.ReportLoadedResponse:

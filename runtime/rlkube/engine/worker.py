@@ -35,6 +35,9 @@ EVAL_SEED_OFFSET = 1_000_003
 LEASE_WAIT = 5.0
 #: How long a pushed fragment is retried while the coordinator is unreachable.
 PUSH_RETRY_SECONDS = 120.0
+#: After SIGTERM a push is retried this long at most: a coordinator that does not answer while we
+#: drain is gone (stopped with us), and the task goes back to the queue when its lease expires.
+DRAIN_PUSH_SECONDS = 5.0
 
 
 @dataclass
@@ -259,8 +262,13 @@ class EvalWorker:
         self.stats.evaluations += 1
 
     def _push(self, message: pb.Fragment) -> None:
+        started = time.monotonic()
+
+        def draining_too_long() -> bool:
+            return self.stop.is_set() and time.monotonic() - started > DRAIN_PUSH_SECONDS
+
         try:
-            ack = self.client.push(message, retry_for=PUSH_RETRY_SECONDS)
+            ack = self.client.push(message, retry_for=PUSH_RETRY_SECONDS, should_stop=draining_too_long)
         except CoordinatorError as exc:
             logger.warning("could not push %s: %s", message.task_id, exc)
             return
