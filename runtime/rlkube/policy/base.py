@@ -333,12 +333,7 @@ class BasePolicy(nn.Module, ABC):
                 serving = self._updates_requested
             try:
                 if not self._stop_updater.is_set():
-                    with self._cycle_lock:
-                        self.update_weights_from_buffer()
-                self.last_update_error = None
-            except Exception as exc:  # never kill the thread: the next version may load fine
-                self.last_update_error = f"{type(exc).__name__}: {exc}"
-                logger.exception("weight update failed; keeping version %d", self.weight_version)
+                    self.update_weights_now()
             finally:
                 with self._update_lock:
                     if serving == self._updates_requested:
@@ -349,10 +344,21 @@ class BasePolicy(nn.Module, ABC):
 
         An eval worker that must hold a version before its next task loads it itself instead of
         waking the updater thread and waiting for it (thread hand-offs cost milliseconds on a busy
-        node). The updater's cycle and this one never overlap.
+        node). The updater's cycle and this one never overlap. A failed load is logged (once per
+        distinct error) and kept in ``last_update_error``; the model keeps what it holds, and the
+        caller or the updater thread carries on: the next version may load fine.
         """
         with self._cycle_lock:
-            return self.update_weights_from_buffer()
+            try:
+                version = self.update_weights_from_buffer()
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if error != self.last_update_error:
+                    logger.exception("weight update failed; keeping version %d", self.weight_version)
+                self.last_update_error = error
+                return None
+            self.last_update_error = None
+            return version
 
     def update_weights_from_buffer(self) -> int | None:
         """Load the newest snapshot from the weight source; returns its version or None if none is newer."""

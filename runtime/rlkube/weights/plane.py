@@ -29,7 +29,6 @@ Sharded           as Shared, with ``streams`` parallel range fetches from every 
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -51,7 +50,6 @@ from rlkube.weights.sources import ShmWatcher, ShmWeightSource, bind, swaps_poin
 if TYPE_CHECKING:
     from rlkube.spec import WeightBufferSpec
 
-logger = logging.getLogger(__name__)
 
 Strategy = Literal["None", "Double", "Shared", "Sharded"]
 STRATEGIES: tuple[str, ...] = ("None", "Double", "Shared", "Sharded")
@@ -165,38 +163,27 @@ class EvalWeightPlane:
         model holds when the timeout passes or ``stop`` is set (maybe None).
         """
         deadline = time.monotonic() + timeout
+        stop = stop or threading.Event()  # never set: wait out the timeout
 
         def satisfied(key: tuple[str, int] | None) -> bool:
             return key is not None and key[1] >= min_version and incarnation in (None, key[0])
-
-        def stopped(wait: float = 0.0) -> bool:
-            if stop is None:
-                time.sleep(wait)
-                return False
-            return stop.wait(wait) if wait else stop.is_set()
 
         if self.loader is not None:
             while True:
                 waiting = not satisfied(self.loader.current_key)
                 left = max(0.0, deadline - time.monotonic())
                 self.loader.load_newest(policy, wait=min(left, 1.0) if waiting else 0.05)
-                if satisfied(self.loader.current_key) or time.monotonic() >= deadline or stopped():
+                if satisfied(self.loader.current_key) or time.monotonic() >= deadline or stop.is_set():
                     return self.loader.current_key
         while time.monotonic() < deadline:
             # Held already: no update cycle (the watcher nudges the updater for newer versions itself).
             if satisfied(self.loaded_key()):
                 break
-            try:
-                policy.update_weights_now()  # the caller is between rollouts: no hand-off to the updater
-                policy.last_update_error = None
-            except Exception as exc:  # as the updater does: keep what is held, say why, try again
-                if policy.last_update_error is None:
-                    logger.exception("weight update failed; keeping version %d", policy.weight_version)
-                policy.last_update_error = f"{type(exc).__name__}: {exc}"
+            policy.update_weights_now()  # the caller is between rollouts: no hand-off to the updater
             if satisfied(self.loaded_key()):
                 break
             # Not in this node's buffer yet (its receiver is still fetching).
-            if stopped(0.005):
+            if stop.wait(0.005):
                 break
         return self.loaded_key()
 
