@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from rlkube import contract as c
+from rlkube import run_policy
 from rlkube.contract import Role
+from rlkube.run_policy import PodRestarts
 from rlkube.spec import CleanPodPolicy, RLJob, SpecError, parse_job
 
 from rlkube_operator import metrics
@@ -164,7 +166,8 @@ class Reconciler:
         restarts = {}
         for pod in pods:
             statuses = pod.get("status", {}).get("containerStatuses") or []
-            restarts[pod["metadata"]["uid"]] = sum(int(s.get("restartCount", 0)) for s in statuses)
+            count = sum(int(s.get("restartCount", 0)) for s in statuses)
+            restarts[pod["metadata"]["uid"]] = PodRestarts(_pod_rank(pod["metadata"]), count)
         return Children(train=_role(train), eval=_role(evals), train_pod_restarts=restarts)
 
     def refresh(self, body: Mapping[str, Any], *, now: datetime) -> Outcome:
@@ -198,7 +201,7 @@ class Reconciler:
             )
         ttl = job.spec.run_policy.ttl_seconds_after_finished
         finished_at = parse_time(derived.status.get("completionTime"))
-        expired = ttl is not None and finished_at is not None and now >= finished_at + timedelta(seconds=ttl)
+        expired = run_policy.is_due(finished_at, ttl, now)
         if derived.phase.is_terminal() and expired:
             outcome.events.append(
                 Event("Normal", EventReason.TTL_EXPIRED, f"deleting: finished more than {ttl}s ago")
@@ -209,6 +212,13 @@ class Reconciler:
                 raise ReconcileError(f"TTL deletion failed: {exc}", retryable=exc.retryable) from exc
             outcome.deleted = True
         return outcome
+
+
+def _pod_rank(metadata: Mapping[str, Any]) -> int:
+    """A StatefulSet pod's ordinal: its pod-index label, else the suffix of its name."""
+    label = (metadata.get("labels") or {}).get(c.LABEL_POD_INDEX)
+    text = label if label is not None else str(metadata.get("name", "")).rpartition("-")[2]
+    return int(text) if text.isdigit() else 0
 
 
 def _role(sts: Mapping[str, Any] | None) -> RoleObservation:

@@ -10,8 +10,9 @@ Rules (see docs/rljob-reference.md):
   message changes keeps its time. ``observedGeneration`` is the generation the status was
   derived from. Deriving twice from the same observations yields the same status (no patch).
 * ``Complete`` and ``Failed`` are terminal and sticky; the final progress figures are kept.
-* Train restarts are counted per pod uid, so pods recreated by the StatefulSet controller do
-  not reset the count that ``runPolicy.backoffLimit`` is checked against.
+* What counts against ``runPolicy.backoffLimit`` (restarts of the train group, per rank and pod
+  uid, so pods recreated by the StatefulSet controller do not reset it), and when the deadline is
+  due, are :mod:`rlkube.run_policy`'s decisions, shared with ``rlkube run``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from rlkube import run_policy
 from rlkube.contract import LABEL_JOB, LABEL_ROLE, Role
+from rlkube.run_policy import PodRestarts, RestartLedger
 from rlkube.spec import RLJob
 
 
@@ -105,9 +108,14 @@ class TrainStatus(_Status):
     replicas: int = Field(0, description="Train pods that exist.")
     ready_replicas: int = Field(0, description="Train pods that are ready.")
     ready: str = Field("0/0", description="ready/desired, for printer columns.")
-    restarts: int = Field(0, description="Train container restarts counted against runPolicy.backoffLimit.")
+    restarts: int = Field(
+        0, description="Restarts of the train group (its most-restarted rank), checked against backoffLimit."
+    )
     pod_restarts: dict[str, int] = Field(
         default_factory=dict, description="Bookkeeping: restart count last seen per live train pod uid."
+    )
+    rank_restarts: dict[str, int] = Field(
+        default_factory=dict, description="Bookkeeping: restarts per train rank, across its pods."
     )
 
 
@@ -172,8 +180,8 @@ class RoleObservation:
 class Children:
     train: RoleObservation = RoleObservation()
     eval: RoleObservation = RoleObservation()
-    #: restartCount summed over the containers of each live train pod, by pod uid.
-    train_pod_restarts: Mapping[str, int] = field(default_factory=dict)
+    #: Each live train pod, by uid: its rank and restartCount summed over its containers.
+    train_pod_restarts: Mapping[str, PodRestarts] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -272,13 +280,16 @@ def derive_status(
 
     train_desired = spec.trainer.replicas
     eval_desired = spec.evaluator.replicas
-    restarts, pod_restarts, restarted_now = _count_restarts(previous.train, children.train_pod_restarts)
+    ledger = _ledger(previous.train).observe(children.train_pod_restarts)
+    restarts = ledger.group_restarts
+    restarted_now = ledger.per_rank != _ledger(previous.train).per_rank
     train = TrainStatus(
         replicas=children.train.current,
         ready_replicas=children.train.ready,
         ready=f"{children.train.ready}/{train_desired}",
         restarts=restarts,
-        pod_restarts=pod_restarts,
+        pod_restarts=dict(ledger.last_seen),
+        rank_restarts={str(rank): count for rank, count in sorted(ledger.per_rank.items())},
     )
     evals = EvalStatus(
         replicas=children.eval.current,
@@ -312,18 +323,21 @@ def derive_status(
         if report.last_return is not None:
             summary += f", last return {report.last_return:.1f}"
         terminal = (Phase.COMPLETE, Reason.TRAINING_FINISHED, summary)
-    elif restarts > spec.run_policy.backoff_limit:
+    elif run_policy.backoff_exceeded(restarts, spec.run_policy.backoff_limit):
         terminal = (
             Phase.FAILED,
             Reason.BACKOFF_LIMIT_EXCEEDED,
-            f"train pods restarted {restarts} times, more than runPolicy.backoffLimit "
-            f"{spec.run_policy.backoff_limit}",
+            run_policy.backoff_message(restarts, spec.run_policy.backoff_limit),
         )
-    elif not suspended and _deadline_passed(start_time, spec.run_policy.active_deadline_seconds, now):
+    elif (
+        not suspended
+        and spec.run_policy.active_deadline_seconds is not None
+        and run_policy.is_due(parse_time(start_time), spec.run_policy.active_deadline_seconds, now)
+    ):
         terminal = (
             Phase.FAILED,
             Reason.DEADLINE_EXCEEDED,
-            f"ran longer than runPolicy.activeDeadlineSeconds {spec.run_policy.active_deadline_seconds}",
+            run_policy.deadline_message(spec.run_policy.active_deadline_seconds),
         )
 
     restarting = (
@@ -390,7 +404,8 @@ def derive_status(
         wanted[ConditionType.RESTARTING] = (
             True,
             Reason.TRAIN_POD_RESTARTED,
-            f"train pods restarted {restarts} times (runPolicy.backoffLimit {spec.run_policy.backoff_limit})",
+            f"the train group restarted {restarts} times (runPolicy.backoffLimit "
+            f"{spec.run_policy.backoff_limit})",
         )
     elif _is_true(previous, "Restarting"):
         wanted[ConditionType.RESTARTING] = (False, Reason.RECOVERED, "all train ranks are ready again")
@@ -525,15 +540,11 @@ def _is_true(status: RLJobStatus, ctype: str) -> bool:
     return bool(found and found.status == "True")
 
 
-def _count_restarts(previous: TrainStatus, observed: Mapping[str, int]) -> tuple[int, dict[str, int], bool]:
-    """Add what each live pod restarted since last seen; pods that vanish keep their share of the total."""
-    increments = sum(max(0, count - previous.pod_restarts.get(uid, 0)) for uid, count in observed.items())
-    return previous.restarts + increments, dict(observed), increments > 0
-
-
-def _deadline_passed(start_time: str | None, deadline: int | None, now: datetime) -> bool:
-    started = parse_time(start_time)
-    return bool(deadline and started and (now - started).total_seconds() > deadline)
+def _ledger(previous: TrainStatus) -> RestartLedger:
+    """The restart ledger kept in status (rank keys are strings there)."""
+    return RestartLedger(
+        {int(rank): count for rank, count in previous.rank_restarts.items()}, dict(previous.pod_restarts)
+    )
 
 
 def _progress(previous: Progress, report: CoordinatorReport | None) -> Progress:

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rlkube.launch.processes import RestartBackOff
 
 from tests.operator.conftest import Kubectl
 from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.emulator.process_kubelet import BackOff, ProcessKubelet
+from tests.operator.emulator.process_kubelet import ProcessKubelet
 from tests.operator.emulator.store import WatchEvent
 from tests.operator.harness import ROOT
 
@@ -60,7 +61,12 @@ class Box:
 
 
 def start_box(workdir: Path, **kubelet_options: Any) -> Box:
-    options = {"nodes": 2, "backoff": BackOff(initial=0.5, cap=2.0), "max_grace": 10.0, **kubelet_options}
+    options = {
+        "nodes": 2,
+        "backoff": RestartBackOff(initial=0.5, cap=2.0, reset_after=60.0),
+        "max_grace": 10.0,
+        **kubelet_options,
+    }
     kubelet = ProcessKubelet(workdir, **options)
     cluster = EmulatedCluster(workdir, kubelet=kubelet, crds=[ROOT / "crds" / "rljob.yaml"]).start()
     return Box(cluster, kubelet, workdir)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 import grpc
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.launch.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
@@ -53,12 +53,6 @@ def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or check}; last: {last!r}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def kubectl(

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from rlkube.run_policy import PodRestarts
 from rlkube_operator.kube import ApiError
 from rlkube_operator.reconcile import ReconcileError, Reconciler
 from rlkube_operator.settings import OperatorSettings
@@ -188,9 +189,9 @@ def test_train_restarts_are_read_from_container_statuses() -> None:
     kube = FakeKube({("StatefulSet", "cartpole-train"): sts(1, 1)})
     kube.pods = [
         {
-            "metadata": {"uid": "p1"},
+            "metadata": {"uid": "p1", "name": "cartpole-train-1"},
             "status": {"containerStatuses": [{"restartCount": 2}, {"restartCount": 1}]},
         }
     ]
     children = reconciler(kube).observe(reconciler(kube)._parse(body(), now=NOW)[0])  # type: ignore[arg-type]
-    assert dict(children.train_pod_restarts) == {"p1": 3}
+    assert dict(children.train_pod_restarts) == {"p1": PodRestarts(rank=1, count=3)}

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from rlkube.run_policy import PodRestarts
 from rlkube.spec import parse_job
 from rlkube_operator.status import (
     Children,
@@ -165,7 +166,7 @@ def test_finished_report_completes_the_job_and_keeps_the_final_figures() -> None
 
 def test_restarts_beyond_the_backoff_limit_fail_the_job() -> None:
     first = step(None, READY, RUNNING, at=T0, runPolicy={"backoffLimit": 2}).status
-    pods = {"a": 1, "b": 0}
+    pods = {"a": PodRestarts(0, 1), "b": PodRestarts(1, 0)}
     second = derive_status(
         job(first, runPolicy={"backoffLimit": 2}),
         Children(train=RoleObservation(True, 2, 2, 1), eval=READY.eval, train_pod_restarts=pods),
@@ -177,7 +178,11 @@ def test_restarts_beyond_the_backoff_limit_fail_the_job() -> None:
     assert any(t.warning and t.reason == "TrainPodRestarted" for t in second.transitions)
     third = derive_status(
         job(second.status, runPolicy={"backoffLimit": 2}),
-        Children(train=READY.train, eval=READY.eval, train_pod_restarts={"a": 3, "b": 0}),
+        Children(
+            train=READY.train,
+            eval=READY.eval,
+            train_pod_restarts={"a": PodRestarts(0, 3), "b": PodRestarts(1, 0)},
+        ),
         RUNNING,
         now=T0 + timedelta(seconds=20),
     )
@@ -191,21 +196,33 @@ def test_restarts_beyond_the_backoff_limit_fail_the_job() -> None:
 
 def test_restarts_of_pods_that_were_replaced_are_still_counted() -> None:
     status = step(None, READY, RUNNING, at=T0).status
-    status = derive_status(job(status), Children(READY.train, READY.eval, {"a": 2}), RUNNING, now=T0).status
-    status = derive_status(job(status), Children(READY.train, READY.eval, {"a2": 1}), RUNNING, now=T0).status
+    status = derive_status(
+        job(status), Children(READY.train, READY.eval, {"a": PodRestarts(0, 2)}), RUNNING, now=T0
+    ).status
+    status = derive_status(
+        job(status), Children(READY.train, READY.eval, {"a2": PodRestarts(0, 1)}), RUNNING, now=T0
+    ).status
     assert status["train"]["restarts"] == 3
 
 
 def test_restarting_clears_once_all_train_ranks_are_ready_again() -> None:
     first = step(None, READY, RUNNING, at=T0).status
     restarted = derive_status(
-        job(first), Children(RoleObservation(True, 2, 2, 1), READY.eval, {"a": 1}), RUNNING, now=T0
+        job(first),
+        Children(RoleObservation(True, 2, 2, 1), READY.eval, {"a": PodRestarts(0, 1)}),
+        RUNNING,
+        now=T0,
     ).status
     still = derive_status(
-        job(restarted), Children(RoleObservation(True, 2, 2, 1), READY.eval, {"a": 1}), RUNNING, now=T0
+        job(restarted),
+        Children(RoleObservation(True, 2, 2, 1), READY.eval, {"a": PodRestarts(0, 1)}),
+        RUNNING,
+        now=T0,
     ).status
     assert still["phase"] == "Restarting"
-    recovered = derive_status(job(still), Children(READY.train, READY.eval, {"a": 1}), RUNNING, now=T0)
+    recovered = derive_status(
+        job(still), Children(READY.train, READY.eval, {"a": PodRestarts(0, 1)}), RUNNING, now=T0
+    )
     assert recovered.status["phase"] == "Running"
     assert conditions(recovered.status)["Restarting"]["reason"] == "Recovered"
 

@@ -7,7 +7,8 @@ simulated node. The supervisor then behaves like the StatefulSet controller plus
 - an eval worker that dies is started again (a pod restarts); one scaled away gets SIGTERM and
   drains; the eval count follows ``control.json`` in the run directory (``rlkube scale``);
 - a train rank that fails takes the whole train group down and up again: every rank resumes
-  from the newest checkpoint, at most ``runPolicy.backoffLimit`` times;
+  from the newest checkpoint; what counts against ``runPolicy.backoffLimit`` and when
+  ``activeDeadlineSeconds`` is due are :mod:`rlkube.run_policy`'s decisions, the operator's too;
 - the job is finished when rank 0 writes the completion marker (``checkpoints/COMPLETE.json``,
   as in a pod every rank then idles until stopped): everything is stopped.
 
@@ -17,48 +18,25 @@ removes the shm directories. A failure exits non-zero with the failing process's
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
-from rlkube import contract
+from rlkube import contract, run_policy
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
 from rlkube.engine.run_paths import RunPaths
+from rlkube.launch.processes import RestartBackOff, free_port, signal_group, spawn, tail
+from rlkube.run_policy import RestartLedger
 from rlkube.spec import RLJob
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # not Linux: Ctrl-C and SIGTERM still stop every "pod"
-        return None
-
-
-# Resolved once, here: the child calls it between fork and exec, where nothing should be loaded.
-_prctl = _load_prctl()
-
-
-def _die_with_supervisor() -> None:
-    """In each "pod" before exec: SIGTERM when the supervisor dies, even by SIGKILL.
-
-    The pods run in sessions of their own (so a terminal's Ctrl-C reaches only the supervisor,
-    which stops them in order); without this, a killed supervisor would leave them running.
-    """
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
 
 CONTROL_FILE = "control.json"
 #: Written by the supervisor while it runs: the coordinator's address and every "pod" with its pid.
@@ -66,8 +44,9 @@ CLUSTER_FILE = "cluster.json"
 LOCAL_NAMESPACE = "local"
 #: Seconds a process gets between SIGTERM and SIGKILL (eval workers drain in this time).
 GRACE_SECONDS = 20.0
-#: An eval worker that keeps dying is restarted after this many seconds at most (doubling from 0.5).
-MAX_RESTART_DELAY = 10.0
+#: An eval worker that keeps dying is restarted after 0.5 s, doubling to 10 s; one that ran for a
+#: minute before it died is restarted promptly again.
+EVAL_BACKOFF = RestartBackOff(initial=0.5, cap=10.0, reset_after=60.0)
 
 
 def write_control(run_dir: Path, evaluators: int) -> None:
@@ -76,12 +55,6 @@ def write_control(run_dir: Path, evaluators: int) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"evaluators": evaluators}))
     tmp.replace(path)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -193,14 +166,6 @@ class Outcome:
     message: str = ""
 
 
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
 @dataclass
 class Supervisor:
     """Starts, watches, restarts and stops the processes of one local run."""
@@ -211,10 +176,16 @@ class Supervisor:
     train: dict[int, Proc] = field(default_factory=dict)
     evals: dict[int, Proc] = field(default_factory=dict)
     desired_evaluators: int = 0
-    train_restarts: int = 0
+    restart_ledger: RestartLedger = field(default_factory=RestartLedger)
     eval_restarts: int = 0
+    started_at: datetime | None = None
     _eval_retry_at: dict[int, float] = field(default_factory=dict)
-    _eval_backoff: dict[int, float] = field(default_factory=dict)
+    _eval_failures: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def train_restarts(self) -> int:
+        """Restarts of the train group, as ``runPolicy.backoffLimit`` counts them."""
+        return self.restart_ledger.group_restarts
 
     # -------------------------------------------------------------- starting
     def prepare(self) -> None:
@@ -226,6 +197,7 @@ class Supervisor:
         (self.layout.shm_root / SUPERVISOR_PID_FILE).write_text(f"{os.getpid()}\n")
         self.desired_evaluators = self.layout.job.spec.evaluator.replicas
         self.write_control(self.desired_evaluators)
+        self.started_at = datetime.now(UTC)
 
     def start_train_group(self) -> None:
         for rank in range(self.layout.job.spec.trainer.replicas):
@@ -235,19 +207,7 @@ class Supervisor:
         name = self.layout.pod_name(role, index)
         log_path = self.layout.run_dir / "logs" / f"{name}.log"
         env = {**self.base_env, **pod_env(self.layout, role, index)}
-        # One process per "pod" on a shared machine: one intra-op thread each unless told otherwise.
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        with log_path.open("ab") as log:
-            log.write(f"==== {name} started at {time.strftime('%H:%M:%S')} (restart {restarts})\n".encode())
-            popen = subprocess.Popen(
-                self.command,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_supervisor,
-            )
+        popen = spawn(self.command, env, log_path, header=f"{name} started (restart {restarts})")
         return Proc(name, role, index, popen, log_path, time.monotonic(), restarts)
 
     # -------------------------------------------------------------- control
@@ -278,9 +238,7 @@ class Supervisor:
         for index in range(self.desired_evaluators):
             if index in self.evals or now < self._eval_retry_at.get(index, 0.0):
                 continue
-            self.evals[index] = self._spawn(
-                Role.EVAL, index, restarts=int(self._eval_backoff.get(index, 0) > 0)
-            )
+            self.evals[index] = self._spawn(Role.EVAL, index, restarts=self._eval_failures.get(index, 0))
 
     # -------------------------------------------------------------- watching
     def poll(self, now: float) -> Outcome | None:
@@ -293,26 +251,30 @@ class Supervisor:
             if proc.stopping:
                 continue
             self.eval_restarts += 1
-            delay = min(MAX_RESTART_DELAY, max(0.5, 2 * self._eval_backoff.get(index, 0.25)))
-            if now - proc.started_at > 60:
-                delay = 0.5  # it ran fine for a while: restart promptly
-            self._eval_backoff[index] = delay
-            self._eval_retry_at[index] = now + delay
+            ran_for = now - proc.started_at
+            failures = EVAL_BACKOFF.failures_after_exit(self._eval_failures.get(index, 0), ran_for)
+            self._eval_failures[index] = failures
+            self._eval_retry_at[index] = now + EVAL_BACKOFF.delay(failures)
         if self.complete_marker().exists():
             return Outcome(0)
+        deadline = self.layout.job.spec.run_policy.active_deadline_seconds
+        if deadline is not None and run_policy.is_due(self.started_at, deadline, datetime.now(UTC)):
+            return Outcome(1, run_policy.deadline_message(deadline))
         # Train ranks never exit on their own before the marker exists: any exit is a failure.
         failed = [p for p in self.train.values() if p.popen.poll() is not None]
         if failed:
             culprit = failed[0]
             limit = self.layout.job.spec.run_policy.backoff_limit
-            if self.train_restarts >= limit:
+            ledger = self.restart_ledger.group_restarted(self.layout.job.spec.trainer.replicas)
+            if run_policy.backoff_exceeded(ledger.group_restarts, limit):
                 lines = tail(culprit.log_path)
                 return Outcome(
                     1,
                     f"{culprit.name} exited with code {culprit.popen.returncode}; "
-                    f"backoff limit {limit} reached.\n--- last lines of {culprit.log_path}:\n{lines}",
+                    f"{run_policy.backoff_message(ledger.group_restarts, limit)}."
+                    f"\n--- last lines of {culprit.log_path}:\n{lines}",
                 )
-            self.train_restarts += 1
+            self.restart_ledger = ledger
             self.stop_processes(list(self.train.values()))
             self.train.clear()
             self.start_train_group()
@@ -405,10 +367,7 @@ def _alive(pid: int) -> bool:
 
 
 def _signal(proc: Proc, sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.popen.pid, sig)
-    except ProcessLookupError:
-        pass
+    signal_group(proc.popen.pid, sig)
 
 
 def supervise(

@@ -1,13 +1,13 @@
 """One pod as the process kubelet tracks it: its container's process, restarts and back-off.
 
-The values of :mod:`tests.operator.emulator.process_kubelet`; ``signal_group`` and ``base_env``
-are its two small I/O helpers (signalling a container's process group, the env a container starts from).
+The values of :mod:`tests.operator.emulator.process_kubelet`; ``base_env`` is the env a container
+starts from. Back-off, signalling and spawning are :mod:`rlkube.launch.processes`, shared with
+``rlkube run``.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,32 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from rlkube import contract
+from rlkube.launch.processes import RUNTIME_DEFAULTS
 
 from tests.operator.emulator.sandbox import Node, PodSandbox
 
 ROOT = Path(__file__).resolve().parents[3]
-#: Defaults of the emulated container runtime (the container's own env wins): one intra-op thread
-#: per process on a shared machine, as ``rlkube run`` does, and unbuffered output for the logs.
-RUNTIME_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-@dataclass(frozen=True)
-class BackOff:
-    """Restart delay after the n-th consecutive exit; a container that ran ``reset_after`` s starts over."""
-
-    initial: float = 1.0
-    cap: float = 10.0
-    reset_after: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        return min(self.cap, self.initial * 2 ** max(0, failures - 1))
-
-
-def signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @dataclass

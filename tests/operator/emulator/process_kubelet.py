@@ -16,10 +16,10 @@ pod that appears (the StatefulSet controller creates them) it
    the Events a kubelet posts (Scheduled, Started, BackOff, Killing, Failed).
 
 A container that exits is started again per ``restartPolicy`` (a StatefulSet's is Always) after
-a back-off (:class:`BackOff`, doubling: the kubelet's 10 s..5 min, shortened for tests), shown
-as ``CrashLoopBackOff``; every process left in its group is killed first, as a container's
-cgroup would be. A deleted pod (scale-down, garbage collection, ``kubectl delete``) gets
-SIGTERM, then SIGKILL after its ``terminationGracePeriodSeconds`` (at most ``max_grace``); its
+a back-off (:class:`~rlkube.launch.processes.RestartBackOff`, doubling: the kubelet's 10 s..5 min,
+shortened for tests), shown as ``CrashLoopBackOff``; every process left in its group is killed
+first, as a container's cgroup would be. A deleted pod (scale-down, garbage collection, ``kubectl delete``)
+gets SIGTERM, then SIGKILL after its ``terminationGracePeriodSeconds`` (at most ``max_grace``); its
 emptyDirs go with it. The emulator removes a pod object at once, so a new pod of the same name
 (a StatefulSet's replacement) is held in ``ContainerCreating`` until the old processes are
 gone, which is the ordering a real StatefulSet keeps.
@@ -42,7 +42,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,9 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from rlkube import contract
+from rlkube.launch.processes import RestartBackOff, signal_group, spawn
 
 from tests.operator.emulator.controllers import pod_environment
-from tests.operator.emulator.pod_run import BackOff, PodRun, base_env, signal_group
+from tests.operator.emulator.pod_run import PodRun, base_env
 from tests.operator.emulator.pod_status import ContainerView, pod_event, pod_status
 from tests.operator.emulator.podnet import JobNetworks, JobPorts, cluster_addresses, proxy_socket
 from tests.operator.emulator.resources import ResourceType
@@ -72,7 +72,7 @@ class ProcessKubelet:
         *,
         nodes: int = 2,
         socket_dir: Path | None = None,
-        backoff: BackOff = BackOff(),
+        backoff: RestartBackOff = RestartBackOff(initial=1.0, cap=10.0, reset_after=60.0),
         max_grace: float = 30.0,
         close_grace: float = 15.0,
         poll_interval: float = 0.2,
@@ -319,7 +319,7 @@ class ProcessKubelet:
             run.next_start = None
             return
         ran = now - run.started_mono
-        run.failures = 1 if ran >= self.backoff.reset_after else run.failures + 1
+        run.failures = self.backoff.failures_after_exit(run.failures, ran)
         delay = self.backoff.delay(run.failures)
         run.next_start = now + delay
         run.waiting = ("CrashLoopBackOff", f"back-off {delay:g}s restarting failed container")
@@ -360,23 +360,14 @@ class ProcessKubelet:
         restart = run.restarts + (not first)
         run.log_dir.mkdir(parents=True, exist_ok=True)
         log_file = run.log_dir / f"{restart}.log"  # as /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log
-        with log_file.open("ab") as log:
-            try:
-                run.popen = subprocess.Popen(
-                    command,
-                    env=env,
-                    cwd=run.sandbox.rootfs if run.sandbox else None,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                run.failures += 1
-                run.next_start = now + self.backoff.delay(run.failures)
-                run.waiting = ("RunContainerError", f"{command[0]}: {exc}")
-                self._event(run, "Warning", "Failed", f"Error: {command[0]}: {exc}")
-                return
+        try:
+            run.popen = spawn(command, env, log_file, cwd=run.sandbox.rootfs if run.sandbox else None)
+        except OSError as exc:
+            run.failures += 1
+            run.next_start = now + self.backoff.delay(run.failures)
+            run.waiting = ("RunContainerError", f"{command[0]}: {exc}")
+            self._event(run, "Warning", "Failed", f"Error: {command[0]}: {exc}")
+            return
         run.restarts = restart
         run.log_file = log_file
         run.pid = run.popen.pid

@@ -1,0 +1,118 @@
+"""Supervising "pods" as local processes: one implementation for ``rlkube run`` and the process kubelet.
+
+Both run the pod entrypoint as child processes and need the same few things, written once here:
+a free port on loopback, the restart back-off of a container that keeps exiting, children that die
+with their supervisor, process-group signalling, and a log file per process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+#: Defaults of every "container" (its own env wins): one intra-op thread per process on a shared
+#: machine, and unbuffered output for the logs.
+RUNTIME_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class RestartBackOff:
+    """Delay before restarting after the n-th consecutive exit, doubling up to ``cap``.
+
+    A process that ran for ``reset_after`` seconds before it exited starts over at ``initial``
+    (the kubelet's CrashLoopBackOff: 10 s doubling to 5 min, reset after 10 min of running).
+    """
+
+    initial: float = 10.0
+    cap: float = 300.0
+    reset_after: float = 600.0
+
+    def delay(self, failures: int) -> float:
+        return min(self.cap, self.initial * 2 ** max(0, failures - 1))
+
+    def failures_after_exit(self, failures: int, ran_for: float) -> int:
+        """The consecutive-failure count after a process that ran ``ran_for`` seconds exited."""
+        return 1 if ran_for >= self.reset_after else failures + 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not Linux: the supervisor still stops its children itself
+        return None
+
+
+# Resolved once, here: the child calls it between fork and exec, where nothing should be loaded.
+_prctl = _load_prctl()
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM when the supervisor dies, even by SIGKILL.
+
+    Children run in sessions of their own (so a terminal's Ctrl-C reaches only the supervisor,
+    which stops them in order); without this, a killed supervisor would leave them running.
+    """
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal a child's whole process group (a container's processes); gone already is fine."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def spawn(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    header: str = "",
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a session of its own, dying with us, its output appended to ``log_path``.
+
+    Raises OSError when the command cannot be started (a missing executable).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        if header:
+            log.write(f"==== {header} at {time.strftime('%H:%M:%S')}\n".encode())
+            log.flush()
+        return subprocess.Popen(
+            list(command),
+            env={**RUNTIME_DEFAULTS, **env},
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file ("" when it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
