@@ -10,7 +10,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# The CPU wheel. On a machine without the local wheel, point TORCH_PIP_ARGS at the CPU index:
+# torch comes from pip's configured index (a local CPU wheel where one is set up). Plain PyPI serves
+# the CUDA build on Linux x86-64 (several GB); for the CPU-only build point TORCH_PIP_ARGS at its index:
 #   make test TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=

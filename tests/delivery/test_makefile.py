@@ -23,17 +23,7 @@ def variable(name: str) -> list[str]:
     return found[1].replace("\\\n", " ").split()
 
 
-def test_lint_runs_every_linter_the_header_names() -> None:
-    header = next(line for line in MAKEFILE.splitlines() if line.startswith("#   make lint"))
-    assert header.split("make lint", 1)[1].split() == [
-        "ruff,",
-        "mypy,",
-        "import",
-        "layers,",
-        "yamllint,",
-        "shellcheck,",
-        "hadolint",
-    ]
+def test_lint_runs_every_linter() -> None:
     lines = recipe("lint")
     for tool in (
         "ruff check",
