@@ -40,7 +40,7 @@ TRAIN_STS="$JOB-train"
 EVAL_STS="$JOB-eval"
 CHILDREN="configmap/$JOB-job service/$JOB-train service/$JOB-coordinator service/$JOB-eval statefulset/$JOB-train statefulset/$JOB-eval"
 # The printer columns of `kubectl get rlj` (crds/rljob.yaml), after NAME.
-COLUMNS="PHASE TRAIN EVAL EPOCH WEIGHTS RETURN AGE"
+COLUMNS="PHASE TRAIN EVAL EPOCH PUBLISHED LOADED RETURN AGE"
 JOB_SELECTOR="rlkube.io/job-name=$JOB"
 TRAIN_SELECTOR="$JOB_SELECTOR,rlkube.io/role=train"
 

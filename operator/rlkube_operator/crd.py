@@ -51,10 +51,16 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     },
     {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch", "description": "Epoch"},
     {
-        "name": "Weights",
+        "name": "Published",
         "type": "integer",
         "jsonPath": ".status.progress.weightVersion",
         "description": "Newest published weight version",
+    },
+    {
+        "name": "Loaded",
+        "type": "integer",
+        "jsonPath": ".status.progress.loadedVersion",
+        "description": "Weight version loaded on every node (the minimum over nodes)",
     },
     {
         "name": "Return",

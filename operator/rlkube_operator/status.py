@@ -140,7 +140,8 @@ class Progress(_Status):
     episodes: int = 0
     last_return: float | None = Field(None, description="Mean of the last 20 episode returns.")
     eval_return: float | None = Field(None, description="Mean return of the newest evaluation.")
-    weight_version: int = 0
+    weight_version: int = Field(0, description="Newest published weight version.")
+    loaded_version: int = Field(0, description="Weight version loaded on every node: the minimum over nodes.")
     last_sync_time: str | None = Field(None, description="When the newest weight version was published.")
     steps_per_second: float = 0.0
     max_weight_lag: int = Field(0, description="Largest per-node weight lag.")
@@ -564,6 +565,7 @@ def _progress(previous: Progress, report: CoordinatorReport | None) -> Progress:
         last_return=_rounded(report.last_return),
         eval_return=_rounded(report.eval_return),
         weight_version=report.weight_version,
+        loaded_version=min((n.version for n in report.nodes), default=0),
         last_sync_time=(
             rfc3339(datetime.fromtimestamp(report.last_sync_time, UTC)) if report.last_sync_time > 0 else None
         ),

@@ -124,7 +124,8 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
         interval=0.5,
         what="the job Running with an epoch and a return in kubectl get rlj",
     )
-    assert int(running["WEIGHTS"]) >= 1
+    assert int(running["PUBLISHED"]) >= 1
+    assert 0 <= int(running["LOADED"]) <= int(running["PUBLISHED"])
     assert float(running["RETURN"]) > 0
     assert running["TRAIN"] == "2/2"
     before = train_pods(k)

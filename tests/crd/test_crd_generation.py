@@ -110,7 +110,7 @@ def test_scale_subresource_points_at_eval_replicas() -> None:
 def test_printer_columns_and_names() -> None:
     crd = build_crd()
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Train", "Eval", "Epoch", "Weights", "Return", "Age"]
+    assert columns == ["Phase", "Train", "Eval", "Epoch", "Published", "Loaded", "Return", "Age"]
     assert crd["spec"]["names"]["shortNames"] == ["rlj"]
     assert "rlkube" in crd["spec"]["names"]["categories"]
 

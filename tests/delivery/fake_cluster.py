@@ -39,10 +39,10 @@ def kubectl(args: list[str], scenario: str, state: Path) -> str:
     if "jsonpath={.status.phase}" in joined:
         return "Complete"
     if args[-2:] == ["rlj", "cartpole-kind"]:
-        columns = "NAME PHASE TRAIN EVAL EPOCH WEIGHTS RETURN AGE"
+        columns = "NAME PHASE TRAIN EVAL EPOCH PUBLISHED LOADED RETURN AGE"
         if scenario == "missing-column":
             columns = columns.replace(" RETURN", "")
-        return f"{columns}\ncartpole-kind Running 2/2 3/3 7 7 180.5 2m\n"
+        return f"{columns}\ncartpole-kind Running 2/2 3/3 7 7 7 180.5 2m\n"
     if "--ignore-not-found" in args and "-o" in args and "name" in args:
         return "statefulset.apps/cartpole-kind-train\n" if scenario == "children-left" else ""
     return ""

@@ -207,7 +207,7 @@ def test_a_healthy_run_passes_and_deletes_its_cluster(tmp_path: Path) -> None:
     ("scenario", "failure"),
     [
         ("train-restarted", "train pods kept their UIDs and restart counts"),
-        ("missing-column", "the columns are NAME PHASE TRAIN EVAL EPOCH WEIGHTS RETURN AGE"),
+        ("missing-column", "the columns are NAME PHASE TRAIN EVAL EPOCH PUBLISHED LOADED RETURN AGE"),
         ("finished-early", "the job is still training"),
         ("children-left", "no child of the job is left (left: statefulset.apps/cartpole-kind-train"),
     ],

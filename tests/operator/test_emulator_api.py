@@ -315,7 +315,7 @@ def test_statefulset_controller_creates_indexed_pods_and_follows_scale(api: Emul
 
 def test_kubectl_get_prints_the_crd_printer_columns(api: EmulatedCluster) -> None:
     header = kubectl(api.kubeconfig, "get", "rlj").stdout.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "TRAIN", "EVAL", "EPOCH", "WEIGHTS", "RETURN", "AGE"]
+    assert header == ["NAME", "PHASE", "TRAIN", "EVAL", "EPOCH", "PUBLISHED", "LOADED", "RETURN", "AGE"]
     assert "rljobs" in kubectl(api.kubeconfig, "api-resources").stdout
 
 

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from rlkube import contract as c
+from rlkube._proto import policy_group_pb2 as pb
 from rlkube.contract import Role
 
 from tests.operator.conftest import Kubectl, job_document
@@ -113,13 +114,27 @@ def test_get_rlj_shows_phase_readiness_and_progress_columns(
         weight_version=7,
         last_return=98.5,
         episodes=30,
+        nodes=[
+            pb.NodeWeights(node_name="node-a", version=7, lag=0, workers=1),
+            pb.NodeWeights(node_name="node-b", version=6, lag=1, workers=1),
+        ],
     )
     k.apply(job_document("columns"))
     wait_for(lambda: (k.get("rlj", "columns") or {}).get("status", {}).get("progress", {}).get("epoch") == 7)
     lines = k("get", "rlj").stdout.splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "TRAIN", "EVAL", "EPOCH", "WEIGHTS", "RETURN", "AGE"]
+    assert lines[0].split() == [
+        "NAME",
+        "PHASE",
+        "TRAIN",
+        "EVAL",
+        "EPOCH",
+        "PUBLISHED",
+        "LOADED",
+        "RETURN",
+        "AGE",
+    ]
     row = lines[1].split()
-    assert row[:7] == ["columns", "Running", "1/1", "1/1", "7", "7", "98.5"]
+    assert row[:8] == ["columns", "Running", "1/1", "1/1", "7", "7", "6", "98.5"]  # loaded: min over nodes
     assert "columns" in k("get", "rlkube").stdout  # the category
 
 
