@@ -113,8 +113,12 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     events = box.record("RLJob")
     # CartPole with 2 ms steps (an epoch takes at least 1 s with one worker): however fast the
     # machine, training lasts longer than the scaled workers take to start and register.
+    # The env's hold file is the handshake that the scale lands mid-run: while it exists rollouts wait.
+    hold = box.workdir / f"hold-{k.namespace}"
     job = copy.deepcopy(JOB)
-    job["spec"]["env"].update(id=SLOW_ENV, imports=["tests.runtime.slow_env"])
+    job["spec"]["env"].update(
+        id=SLOW_ENV, imports=["tests.runtime.slow_env"], kwargs={"hold_file": str(hold)}
+    )
     k.apply(job)
 
     # Running, with progress in the printer columns.
@@ -137,6 +141,7 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     assert init["state"]["terminated"]["reason"] == "Completed"
 
     # Scale mid-run: the eval StatefulSet grows and the new workers register with the coordinator.
+    hold.touch()
     scaled_at = time.monotonic()
     k("scale", f"rlj/{NAME}", "--replicas=3")
     wait_for(
@@ -151,7 +156,8 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
         what="3 eval workers registered with the coordinator",
     )
     registered_after = time.monotonic() - scaled_at
-    assert not registered.finished, "the scale did not land mid-run: training had ended first"
+    hold.unlink()
+    assert not registered.finished
     assert registered.epoch < MAX_EPOCHS
     # Training was not restarted: same pods, same processes, no restarts, the train StatefulSet untouched.
     assert train_pods(k) == before

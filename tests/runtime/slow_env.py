@@ -1,13 +1,16 @@
-"""CartPole whose steps take a fixed wall time, so that a test's run outlasts what it must watch.
+"""CartPole whose steps take a fixed wall time and can be held, so a test's run outlasts what it watches.
 
 A run of plain CartPole ends in seconds on a quiet machine and in minutes on a loaded one; a test
 that scales eval workers mid-run needs the run to last longer than a worker takes to start,
-whatever the load. Sleeping steps give epochs a floor that does not shrink on a fast machine.
+whatever the load. Sleeping steps give epochs a floor that does not shrink on a fast machine, and
+``hold_file`` (an env kwarg) is the handshake: while that file exists every step waits, so no
+rollout and no training progress happens until the test removes it.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -17,11 +20,14 @@ ENV_ID = "SlowCartPole-v1"
 
 
 class SlowCartPole(CartPoleEnv):
-    def __init__(self, step_seconds: float = 0.002, **kwargs: Any) -> None:
+    def __init__(self, step_seconds: float = 0.002, hold_file: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.step_seconds = step_seconds
+        self.hold_file = Path(hold_file) if hold_file else None
 
     def step(self, action: Any) -> Any:
+        while self.hold_file is not None and self.hold_file.exists():
+            time.sleep(0.01)
         time.sleep(self.step_seconds)
         return super().step(action)
 

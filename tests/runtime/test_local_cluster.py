@@ -33,19 +33,25 @@ def start(local_run: list[LocalRun], tmp_path: Path, *args: str, **spec: object)
 def test_scaling_eval_workers_mid_run_never_restarts_training_or_loses_a_fragment(
     local_run, tmp_path
 ) -> None:
-    # 8 fragments an epoch, so that new workers join while it runs; slow steps make the run outlast
-    # the workers' start-up (several seconds, up to a minute on a loaded machine).
+    # 8 fragments an epoch, so that new workers join while it runs. The env's hold file is the
+    # handshake: while it exists rollouts wait, so the run cannot end while the new workers start
+    # (several seconds, up to a minute on a loaded machine); slow steps keep it going while it drains.
+    hold = tmp_path / "hold"
     run = start(
         local_run,
         tmp_path,
         train__maxEpochs=80,
         train__stepsPerEpoch=512,
         evaluator__replicas=1,
+        env__kwargs={"hold_file": str(hold)},
         **SLOW_STEPS,
     )
     run.wait_until(lambda s: s.epoch >= 2, timeout=180, what="epoch 2")
+    hold.touch()
     run.scale(4)
-    run.wait_until(lambda s: s.eval_workers == 4, timeout=120, what="4 eval workers")
+    held = run.wait_until(lambda s: s.eval_workers == 4, timeout=120, what="4 eval workers")
+    assert held.epoch < 80
+    hold.unlink()
     run.scale(2)
     scaled_down = run.wait_until(lambda s: s.eval_workers == 2, timeout=120, what="2 eval workers")
     assert run.wait(timeout=300) == 0, run.output[1]
