@@ -1,6 +1,8 @@
 # The README's commands. Each target does its own set-up on a machine that has only Python 3.11+.
 #   make demo     run examples/cartpole.yaml as a local cluster (train ranks + eval workers)
-#   make test     install with the dev extra and run the whole test suite
+#   make test     install with the dev extra, lint, and run the test suite (all but the kind e2e run)
+#   make test-quick   the same without the multi-process runs marked slow (minutes, for development)
+#   make test-all     everything, the kind e2e run included (it needs Docker; `make e2e` runs it alone)
 #   make cluster  start the API emulator, the operator and a kubelet that runs pods as local processes,
 #                 print the KUBECONFIG to export (CLUSTER_ARGS="--kubelet ready --simulate-training": run nothing)
 #   make lint     ruff, mypy, import layers, yamllint, shellcheck, hadolint
@@ -20,7 +22,7 @@ DEMO_ARGS ?= --nodes 2 --summary runs/demo-summary.json
 PYTEST_ARGS ?=
 CLUSTER_ARGS ?=
 
-.PHONY: demo test lint generate cluster bench clean
+.PHONY: demo test test-quick test-all lint generate cluster bench clean
 
 $(VENV)/.base: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rlkube needs Python 3.11 or newer")'
@@ -38,10 +40,19 @@ $(VENV)/.dev: $(VENV)/.base
 demo: $(VENV)/.base
 	$(VENV)/bin/rlkube run $(DEMO_JOB) $(DEMO_ARGS)
 
+# Which tests each target runs (pytest markers, see pyproject.toml).
+TEST_MARKERS ?= not e2e
+
 test: $(VENV)/.dev
 	$(MAKE) --no-print-directory lint
-	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+test-quick:
+	$(MAKE) --no-print-directory test TEST_MARKERS="not e2e and not slow"
+
+test-all:
+	$(MAKE) --no-print-directory test TEST_MARKERS="e2e or not e2e"
 
 # The delivery linters use the same options as tests/delivery (which runs them too).
 SHELLCHECK_ARGS := --severity=style --enable=all --exclude=SC2250,SC2312
