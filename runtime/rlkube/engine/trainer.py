@@ -321,9 +321,14 @@ class RankZeroEngine:
         self.ctx.channel.send(Command(Op.STOP))
         paths = self.ctx.paths.as_dict()
         if self.spec.engine is not Engine.EVAL:
+            # The last checkpoint holds the final progress, the evaluation after the last epoch included.
             latest = self.store.latest()
-            saved = latest.path if latest is not None and latest.progress.epoch == tracker.epoch else None
-            paths["checkpoint"] = str(saved or self.save(tracker))
+            current = (
+                latest is not None
+                and latest.progress.epoch == tracker.epoch
+                and len(latest.progress.evaluations) == len(tracker.evaluations)
+            )
+            paths["checkpoint"] = str(latest.path if current and latest is not None else self.save(tracker))
         checks = self.fingerprint_checks
         first = self.coordinator.first_registration_at
         if first is not None:  # start-up inside wall_seconds: eval workers importing, envs starting
