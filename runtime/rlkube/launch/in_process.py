@@ -39,7 +39,7 @@ from rlkube.launch.results import summary_from_json
 from rlkube.launch.train import ENGINES, env_meta
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import PolicySpec, RLJob, WeightStrategy
-from rlkube.weights.in_process import InProcessPlane, InProcessPublisher, PublishedWeights
+from rlkube.weights.in_process import InProcessPlane, InProcessPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -143,13 +143,13 @@ class InProcessRun:
         seed_everything(spec.train.seed)
         self.train_policy.init_train(spec.train, env_meta=env_meta(job))
         coordinator = Coordinator(job, world_size=1)
-        weights = PublishedWeights()
+        publisher = InProcessPublisher(incarnation=coordinator.incarnation)
         ctx = TrainContext(
             job=job,
             policy=self.train_policy,
             channel=RankChannel(),
             paths=self.paths,
-            publisher=InProcessPublisher(weights, incarnation=coordinator.incarnation),
+            publisher=publisher,
             coordinator=coordinator,
             observers=self.observers,
             clock=self.clock,
@@ -163,7 +163,7 @@ class InProcessRun:
             self.policy_cls,
             stop=worker_stop,
             client=InProcessClient(coordinator),
-            plane=InProcessPlane(weights, worker_id=pod.pod_name, node_name=pod.node_name),
+            plane=InProcessPlane(publisher, worker_id=pod.pod_name, node_name=pod.node_name),
         )
         failures: list[BaseException] = []
 
