@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 from rlkube.data.rollout_buffer import RolloutBuffer
-from rlkube.engine.in_process import with_strategy_none
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.envs.group import EnvGroup
+from rlkube.launch.in_process import with_strategy_none
 from rlkube.policy import POLICIES, PolicyRole
 from rlkube.policy.base import seed_everything
 from rlkube.spec import RLJob, parse_job

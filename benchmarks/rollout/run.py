@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlkube.engine.in_process import InProcessEngine
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.engine.run_paths import RunPaths
 from rlkube.envs.group import EnvGroup
 from rlkube.jobfile import dump_job
+from rlkube.launch.in_process import InProcessRun
 from rlkube.launch.local import Layout, Ports, Supervisor, supervise
 from rlkube.policy import POLICIES, PolicyRole
 from rlkube.spec import RLJob, parse_job
@@ -91,7 +91,7 @@ def measure_bound(spec: RLJob, steps: int) -> dict[str, Any]:
 
 def measure_in_process(spec: RLJob, root: Path) -> dict[str, Any]:
     paths = RunPaths(root / "in-process").create()
-    summary = InProcessEngine(spec, POLICIES.get("PPO"), paths=paths).run()
+    summary = InProcessRun(spec, POLICIES.get("PPO"), paths=paths).run()
     return {
         "method": "in-process",
         "engine": "sync",

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 from rlkube.engine.checkpoint import CheckpointError, CheckpointStore, TrainerProgress
-from rlkube.engine.in_process import InProcessEngine
 from rlkube.engine.report import EpochRecord, RunStart, RunSummary
 from rlkube.engine.run_paths import RunPaths
+from rlkube.launch.in_process import InProcessRun
 from rlkube.policy.builtin.ppo import PPO
 
 from tests.engine.jobs import tiny_job
@@ -139,7 +139,7 @@ def test_a_user_save_checkpoint_override_is_honoured(tmp_path: Path) -> None:
 class Capture:
     """An observer that snapshots the trainer's state when the run starts."""
 
-    def __init__(self, engine: InProcessEngine) -> None:
+    def __init__(self, engine: InProcessRun) -> None:
         self.engine = engine
         self.start: RunStart | None = None
         self.optimizer_state: dict[str, Any] = {}
@@ -158,8 +158,8 @@ class Capture:
         pass
 
 
-def run_engine(job: Any, run_dir: Path) -> tuple[InProcessEngine, Capture, RunSummary]:
-    engine = InProcessEngine(job, PPO, paths=RunPaths(run_dir).create())
+def run_engine(job: Any, run_dir: Path) -> tuple[InProcessRun, Capture, RunSummary]:
+    engine = InProcessRun(job, PPO, paths=RunPaths(run_dir).create())
     capture = Capture(engine)
     engine.observers = [capture]
     return engine, capture, engine.run()

@@ -1,4 +1,4 @@
-"""The in-process engine trains, moves weights, evaluates, reports and stops as the job says."""
+"""The in-process run trains, moves weights, evaluates, reports and stops as the job says."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rlkube.engine.in_process import EngineError, InProcessEngine
 from rlkube.engine.report import LearningCurve, SummaryFiles, TensorBoardLog
 from rlkube.engine.run_paths import RunPaths
 from rlkube.envs.types import EnvRet, PolicyResponse
+from rlkube.launch.in_process import InProcessRun
 from rlkube.policy import POLICIES
 from rlkube.policy.builtin.ppo import PPO
 from rlkube.spec import SpecError
@@ -30,7 +30,7 @@ class AsyncPPO(PPO):
 
 def run(job: Any, run_dir: Path, policy: type = PPO) -> Any:
     paths = RunPaths(run_dir).create()
-    engine = InProcessEngine(
+    engine = InProcessRun(
         job,
         policy,
         paths=paths,
@@ -108,13 +108,18 @@ def test_the_eval_engine_scores_a_saved_policy_without_training(tmp_path: Path) 
 def test_bad_policy_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
     job = tiny_job(spec={"policy": {"type": "PPO", "algoCfg": {"gamma": 2}}})
     with pytest.raises(SpecError, match=r"spec\.policy\.algoCfg\.gamma"):
-        InProcessEngine(job, PPO, paths=RunPaths(tmp_path / "never"))
+        InProcessRun(job, PPO, paths=RunPaths(tmp_path / "never"))
     assert not (tmp_path / "never").exists()
 
 
-def test_the_async_engine_is_not_run_in_process(tmp_path: Path) -> None:
-    with pytest.raises(EngineError, match=r"spec\.engine: got 'async'"):
-        InProcessEngine(tiny_job(spec={"engine": "async"}), PPO, paths=RunPaths(tmp_path))
+def test_the_async_engine_runs_in_process_within_max_staleness(tmp_path: Path) -> None:
+    job = tiny_job(maxEpochs=3, maxStaleness=1, spec={"engine": "async", "buffer": {"capacity": 8}})
+    _, summary = run(job, tmp_path)
+    assert summary.epochs == 3
+    assert summary.engine == "async"
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert set(data["lag_distribution"]) <= {"0", "1"}
+    assert data["fragments_trained"] == sum(data["lag_distribution"].values())
 
 
 class RecordingPPO(PPO):
@@ -144,7 +149,7 @@ def test_on_policy_data_is_the_epoch_s_rows_and_replay_data_is_sampled_transitio
 
 
 def test_torch_runs_single_threaded_unless_omp_num_threads_says_otherwise() -> None:
-    from rlkube.engine.in_process import torch_threads
+    from rlkube.launch.in_process import torch_threads
 
     assert torch_threads({}) == 1
     assert torch_threads({"OMP_NUM_THREADS": "4"}) == 4

@@ -46,7 +46,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         (with_spec(env={"id": "CartPol-v1"}), [], "spec.env.id: got 'CartPol-v1'"),
         (with_spec(policy={"type": "PPO", "algoCfg": {"gamma": 3}}), [], "spec.policy.algoCfg.gamma: got 3"),
         (tiny_document(), ["--set", "spec.train.batchSize=many"], "spec.train.batchSize: got 'many'"),
-        (with_spec(engine="async"), ["--in-process"], "spec.engine: got 'async'"),
+        (with_spec(policy={"type": "PP0"}), ["--in-process"], "spec.policy.type: no policy named 'PP0'"),
     ],
 )
 def test_a_bad_job_exits_2_naming_the_field_and_starts_nothing(
@@ -117,3 +117,14 @@ def test_rerunning_a_finished_run_dir_does_not_train_again(
     capsys.readouterr()
     assert main(["run", str(job), "--no-progress", "--run-dir", str(tmp_path / "r")]) == 0
     assert "already complete" in capsys.readouterr().out
+
+
+def test_every_engine_runs_in_process(tmp_path: Path) -> None:
+    """``--in-process`` runs the cluster's engines, async included, in this one process."""
+    job = write_job(
+        tmp_path, with_spec(engine="async", train={**tiny_document()["spec"]["train"], "maxEpochs": 2})
+    )
+    assert main(["run", str(job), "--no-progress", "--in-process", "--run-dir", str(tmp_path / "r")]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["engine"] == "async"
+    assert summary["epochs"] == 2

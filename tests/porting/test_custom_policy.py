@@ -6,9 +6,9 @@ import ast
 import re
 from pathlib import Path
 
-from rlkube.engine.in_process import InProcessEngine
 from rlkube.engine.report import EpochRecord, RunStart, RunSummary
 from rlkube.engine.run_paths import RunPaths
+from rlkube.launch.in_process import InProcessRun
 from rlkube.launch.run import resolve_policy
 from rlkube.policy import BasePolicy
 from rlkube.spec import parse_job
@@ -62,7 +62,7 @@ def job(**train: int) -> object:
 
 
 class Recorder:
-    def __init__(self, engine: InProcessEngine) -> None:
+    def __init__(self, engine: InProcessRun) -> None:
         self.engine = engine
         self.initial: dict[str, float] = {}
         self.records: list[EpochRecord] = []
@@ -82,7 +82,7 @@ def test_the_guide_policy_is_found_through_spec_policy_module_and_trains_two_epo
     cls = resolve_policy(spec)  # imports examples.custom_policy, whose decorator registers MyPolicy
     assert cls.__name__ == "MyPolicy"
     assert issubclass(cls, BasePolicy)
-    engine = InProcessEngine(spec, cls, paths=RunPaths(tmp_path).create())
+    engine = InProcessRun(spec, cls, paths=RunPaths(tmp_path).create())
     recorder = Recorder(engine)
     engine.observers = [recorder]
     summary = engine.run()

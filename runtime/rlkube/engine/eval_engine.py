@@ -8,11 +8,10 @@ reports their mean return.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
-from rlkube.engine.checkpoint import POLICY_FILE, TrainerProgress
+from rlkube.engine.checkpoint import TrainerProgress
 from rlkube.engine.report import RunSummary
-from rlkube.engine.trainer import RankZeroEngine
+from rlkube.engine.trainer import RankZeroEngine, policy_file
 
 logger = logging.getLogger(__name__)
 
@@ -24,17 +23,23 @@ class EvalEngine(RankZeroEngine):
     def run(self) -> RunSummary:
         path = self.spec.checkpoint.path
         assert path is not None  # the spec's cross-field rule
-        target = Path(path) / POLICY_FILE if Path(path).is_dir() else Path(path)
+        target = policy_file(path)
         self.ctx.policy.load_checkpoint(str(target))
         self.ctx.channel.share_state(self.ctx.policy, None)
         tracker = self.tracker(TrainerProgress())
         self.publish(1)
         self.coordinator.update(phase="Running", message=f"evaluating {target}")
-        mean = self.evaluate(epoch=0, version=1)
-        if mean is None:
+        returns = self.coordinator.evaluate(
+            epoch=0, version=1, episodes=self.spec.train.eval_episodes, timeout=self.EVALUATION_TIMEOUT
+        )
+        if not returns:
             raise RuntimeError(f"no eval worker evaluated {target} within {self.EVALUATION_TIMEOUT:.0f} s")
+        mean = sum(returns) / len(returns)
         tracker.record_evaluation(mean)
         self.check_fingerprints(1)
         return self.finish(
-            tracker, stop_reason="evaluated", details={"evaluated": str(target), "final_return": mean}
+            tracker,
+            stop_reason="evaluated",
+            details={"evaluated": str(target), "final_return": mean},
+            episodes=len(returns),
         )

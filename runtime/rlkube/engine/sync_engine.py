@@ -14,6 +14,7 @@ import logging
 
 from rlkube.engine.report import RunSummary
 from rlkube.engine.trainer import RankZeroEngine, Stopped
+from rlkube.spec import WeightStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +53,15 @@ class SyncEngine(RankZeroEngine):
             logger.info("stopping at epoch %d (SIGTERM); saving a checkpoint", tracker.epoch)
             self.save(tracker)
             raise
-        # The last version's check: give the workers a moment to load and report it.
-        self.coordinator.loads.wait_for_eval_weight_update(timeout=15.0)
-        self.check_fingerprints(version)
         if train.eval_interval and (not tracker.evaluations or tracker.evaluations[-1][0] != tracker.epoch):
             result = self.evaluate(epoch=tracker.epoch, version=version)
             if result is not None:
                 tracker.record_evaluation(result)
+        # The last version's check: give the workers a moment to load and report it (an evaluation
+        # of it has made its worker load it). With strategy None nothing loads in the background.
+        if self.spec.policy.weight_buffer.strategy is not WeightStrategy.NONE:
+            self.coordinator.loads.wait_for_eval_weight_update(timeout=15.0)
+        self.check_fingerprints(version)
         live = self.coordinator.progress
         details = {
             "weight_wait_fraction": round(live.weight_wait_fraction(), 4),

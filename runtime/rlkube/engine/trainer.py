@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from tensordict import TensorDict
 
@@ -24,16 +25,30 @@ from rlkube.coordinator.state import Coordinator
 from rlkube.coordinator.wire import batch_from_proto
 from rlkube.data.replay_buffer import ReplayBuffer
 from rlkube.data.rollout_buffer import EpochBatch
-from rlkube.engine.checkpoint import CheckpointStore, TrainerProgress
+from rlkube.engine.checkpoint import POLICY_FILE, CheckpointStore, TrainerProgress
 from rlkube.engine.ranks import Command, Op, RankChannel
 from rlkube.engine.report import EpochRecord, RunObserver, RunSummary, notify
 from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.tracker import RunTracker
 from rlkube.policy.base import BasePolicy
 from rlkube.spec import BufferType, Engine, RLJob, WeightStrategy
-from rlkube.weights.publisher import WeightPublisher
+from rlkube.weights.layout import StateDict
 
 logger = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    """How a train rank publishes: ``WeightPublisher`` in a pod, ``InProcessPublisher`` in process."""
+
+    incarnation: str
+
+    def send(
+        self,
+        state_dict: StateDict,
+        *,
+        version: int | None = None,
+        fingerprint: Mapping[str, float] | None = None,
+    ) -> int: ...
 
 
 class Stopped(Exception):
@@ -46,7 +61,7 @@ class TrainContext:
     policy: BasePolicy
     channel: RankChannel
     paths: RunPaths
-    publisher: WeightPublisher | None  # rank 0 always; other ranks for Sharded
+    publisher: Publisher | None  # rank 0 always; other ranks for Sharded
     coordinator: Coordinator | None = None  # rank 0
     client: PolicyGroupClient | None = None  # other ranks: pulls shards from rank 0
     observers: Sequence[RunObserver] = ()
@@ -84,15 +99,26 @@ def train_step(ctx: TrainContext, shard: TensorDict) -> dict[str, float]:
         ctx.replay.extend(shard)
         shard = ctx.replay.sample(ctx.job.spec.train.steps_per_epoch // ctx.world_size)
     policy.update_dataset(shard)
-    returned = policy.train()
+    return {**numbers_of(policy.train()), **policy.pop_metrics()}
+
+
+def numbers_of(returned: object) -> dict[str, float]:
+    """The numeric entries of what ``train()`` returned (RLightning policies return a dict or None). Pure."""
+    if not isinstance(returned, dict):
+        return {}
     numbers: dict[str, float] = {}
-    if isinstance(returned, dict):
-        for key, value in returned.items():
-            try:
-                numbers[str(key)] = float(value)
-            except (TypeError, ValueError):
-                continue
-    return {**numbers, **policy.pop_metrics()}
+    for key, value in returned.items():
+        try:
+            numbers[str(key)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return numbers
+
+
+def policy_file(path: str) -> Path:
+    """``checkpoint.path`` may name a policy file or a checkpoint directory (its policy file)."""
+    target = Path(path)
+    return target / POLICY_FILE if target.is_dir() else target
 
 
 def publish_followers(ctx: TrainContext, version: int) -> None:
@@ -219,7 +245,8 @@ class RankZeroEngine:
                 progress = self.store.load(checkpoint, self.ctx.policy)
                 logger.info("resumed from %s (epoch %d)", checkpoint.path, progress.epoch)
         if progress.epoch == 0 and self.spec.checkpoint.path:
-            self.ctx.policy.load_checkpoint(self.spec.checkpoint.path)
+            self.ctx.policy.load_checkpoint(str(policy_file(self.spec.checkpoint.path)))
+            logger.info("initial weights from %s", self.spec.checkpoint.path)
         self.ctx.channel.share_state(self.ctx.policy, progress)
         return progress
 
@@ -281,23 +308,32 @@ class RankZeroEngine:
         if interval and record.epoch % interval == 0:
             self.save(tracker)
 
-    def save(self, tracker: RunTracker) -> None:
-        self.store.save(self.ctx.policy, tracker.progress(now=self.ctx.clock()))
+    def save(self, tracker: RunTracker) -> Path:
+        return self.store.save(self.ctx.policy, tracker.progress(now=self.ctx.clock()))
 
-    def finish(self, tracker: RunTracker, *, stop_reason: str, details: dict[str, Any]) -> RunSummary:
-        """Stop the other ranks, write the last checkpoint, the marker, the summary; tell the workers."""
+    def finish(
+        self, tracker: RunTracker, *, stop_reason: str, details: dict[str, Any], episodes: int | None = None
+    ) -> RunSummary:
+        """Stop the other ranks, write the last checkpoint, the marker, the summary; tell the workers.
+
+        ``episodes``: what the summary counts as episodes when not the training episodes (eval engine).
+        """
         self.ctx.channel.send(Command(Op.STOP))
+        paths = self.ctx.paths.as_dict()
         if self.spec.engine is not Engine.EVAL:
+            # The last checkpoint holds the final progress, the evaluation after the last epoch included.
             latest = self.store.latest()
-            if latest is None or latest.progress.epoch != tracker.epoch:
-                self.save(tracker)
+            current = (
+                latest is not None
+                and latest.progress.epoch == tracker.epoch
+                and len(latest.progress.evaluations) == len(tracker.evaluations)
+            )
+            paths["checkpoint"] = str(latest.path if current and latest is not None else self.save(tracker))
         checks = self.fingerprint_checks
         first = self.coordinator.first_registration_at
         if first is not None:  # start-up inside wall_seconds: eval workers importing, envs starting
             details = {**details, "seconds_to_first_worker": round(max(0.0, first - tracker.started), 3)}
-        summary = tracker.summary(
-            stop_reason=stop_reason, now=self.ctx.clock(), paths={**self.ctx.paths.as_dict()}
-        )
+        summary = tracker.summary(stop_reason=stop_reason, now=self.ctx.clock(), paths=paths)
         summary = RunSummary(
             **{
                 **summary.__dict__,
@@ -305,6 +341,7 @@ class RankZeroEngine:
                 "fingerprint_checks": len(checks),
                 "fingerprints_consistent": tracker.consistent and all(ok for _, ok in checks),
                 "details": details,
+                "episodes": summary.episodes if episodes is None else episodes,
             }
         )
         self.store.mark_complete(summary.to_json())

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.contract import PodEnv
@@ -40,6 +41,30 @@ PUSH_RETRY_SECONDS = 120.0
 DRAIN_PUSH_SECONDS = 5.0
 
 
+class WorkerPlane(Protocol):
+    """The weight plane a worker drives: ``EvalWeightPlane`` in a pod, ``InProcessPlane`` in process."""
+
+    def attach(self, policy: BasePolicy) -> None: ...
+
+    def start(self, policy: BasePolicy) -> object: ...
+
+    def loaded_key(self) -> tuple[str, int] | None: ...
+
+    def sync(
+        self,
+        policy: BasePolicy,
+        *,
+        min_version: int = 0,
+        incarnation: str | None = None,
+        timeout: float = 60.0,
+        stop: threading.Event | None = None,
+    ) -> tuple[str, int] | None: ...
+
+    def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class WorkerStats:
     fragments: int = 0
@@ -51,15 +76,33 @@ class WorkerStats:
 
 
 class EvalWorker:
+    """One eval pod's life (see the module docstring).
+
+    ``client`` and ``plane`` default to the pod's (gRPC to ``env.coordinator_addr``, the job's
+    weight strategy); ``rlkube run --in-process`` passes in-process ones. ``policy`` is the EVAL
+    policy once :meth:`run` built it.
+    """
+
     def __init__(
-        self, job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, stop: threading.Event
+        self,
+        job: RLJob,
+        env: PodEnv,
+        policy_cls: type[BasePolicy],
+        *,
+        stop: threading.Event,
+        client: PolicyGroupClient | None = None,
+        plane: WorkerPlane | None = None,
     ) -> None:
         self.job = job
         self.env = env
         self.spec = job.spec
         self.stop = stop
         self.policy_cls = policy_cls
-        self.client = PolicyGroupClient(env.coordinator_addr)
+        self.client = client if client is not None else PolicyGroupClient(env.coordinator_addr)
+        self._plane = plane
+        self.policy: BasePolicy | None = None
+        #: Set once the EVAL policy and its envs are built (before the worker registers).
+        self.ready = threading.Event()
         self.worker_id = ""
         self.incarnation: str | None = None
         self.min_version = 0
@@ -77,8 +120,8 @@ class EvalWorker:
             spec.env, base_seed=spec.train.seed, replica_index=self.env.replica_index
         )
         self._group.reset()
-        policy = self.policy_cls(spec.policy, PolicyRole.EVAL)
-        plane = EvalWeightPlane(
+        policy = self.policy = self.policy_cls(spec.policy, PolicyRole.EVAL)
+        plane = self._plane or EvalWeightPlane(
             EvalPlaneConfig.from_spec(
                 spec.policy.weight_buffer,
                 shm_dir=self.env.shm_dir,
@@ -89,6 +132,7 @@ class EvalWorker:
         )
         plane.attach(policy)
         policy.init_eval(None, env_meta=self._group.meta)
+        self.ready.set()
         heartbeat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         reporter = threading.Thread(
             target=self._report_loads, args=(policy, plane), name="reporter", daemon=True
@@ -155,7 +199,7 @@ class EvalWorker:
                 self._registered.clear()
 
     # ------------------------------------------------------------------ work
-    def _serve(self, policy: BasePolicy, plane: EvalWeightPlane, rollout: RolloutWorker) -> None:
+    def _serve(self, policy: BasePolicy, plane: WorkerPlane, rollout: RolloutWorker) -> None:
         while not self.stop.is_set():
             if not self._registered.is_set() and not self._register():
                 return
@@ -182,7 +226,7 @@ class EvalWorker:
             elif task.kind == pb.Task.EVALUATE:
                 self._evaluate(task, policy)
 
-    def _load(self, policy: BasePolicy, plane: EvalWeightPlane, version: int) -> float | None:
+    def _load(self, policy: BasePolicy, plane: WorkerPlane, version: int) -> float | None:
         """Make the model hold at least ``version``; report a newly loaded version. Seconds waited."""
         started = time.perf_counter()
         # Versions count within one incarnation of train rank 0 (a restarted rank 0 counts again).
@@ -198,7 +242,7 @@ class EvalWorker:
         self.stats.weight_wait_seconds += waited
         return waited
 
-    def _report(self, policy: BasePolicy, plane: EvalWeightPlane) -> None:
+    def _report(self, policy: BasePolicy, plane: WorkerPlane) -> None:
         """Tell the coordinator about a newly loaded version, with the model's fingerprint."""
         with self._report_lock:
             key = plane.loaded_key()
@@ -217,7 +261,7 @@ class EvalWorker:
                 return
             self.reported = key
 
-    def _report_loads(self, policy: BasePolicy, plane: EvalWeightPlane) -> None:
+    def _report_loads(self, policy: BasePolicy, plane: WorkerPlane) -> None:
         """Background strategies load new versions between tasks: report them as they land."""
         while not self.stop.wait(0.25):
             self._report(policy, plane)

@@ -22,10 +22,10 @@ from rich.text import Text
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.engine.checkpoint import CheckpointStore
-from rlkube.engine.report import RunSummary
 from rlkube.engine.run_paths import RunPaths
 from rlkube.jobfile import dump_job
 from rlkube.launch.local import Layout, Outcome, Ports, Supervisor, supervise
+from rlkube.launch.results import fresh_run_dir, print_result, summary_from_json
 from rlkube.spec import RLJob
 
 SHM_ROOT = Path("/dev/shm")
@@ -86,17 +86,10 @@ class StatusLine:
 
 
 def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
-    paths = RunPaths(Path(args.run_dir)) if args.run_dir else None
-    if paths is None:
-        from rlkube.launch.run import _fresh_run_dir
-
-        paths = _fresh_run_dir(job.name)
+    paths = RunPaths(Path(args.run_dir)) if args.run_dir else fresh_run_dir(job.name)
     done = CheckpointStore(paths.checkpoints).completion()
     if done is not None:
-        fields = {name: done[name] for name in RunSummary.__dataclass_fields__ if name in done}
-        from rlkube.launch.run import _print_result
-
-        _print_result(RunSummary(**{**fields, "already_complete": True}), paths, args.summary)
+        print_result(summary_from_json(done, already_complete=True), paths, args.summary)
         return 0
     paths.create()
     paths.job.write_text(dump_job(job))
@@ -131,10 +124,7 @@ def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int
     if extra_summary is not None:
         extra_summary.parent.mkdir(parents=True, exist_ok=True)
         extra_summary.write_text(json.dumps(data, indent=2) + "\n")
-    fields = {name: data[name] for name in RunSummary.__dataclass_fields__ if name in data}
-    from rlkube.launch.run import _print_result
-
-    _print_result(RunSummary(**fields), paths, extra_summary)
+    print_result(summary_from_json(data), paths, extra_summary)
     if "fingerprint_checks" in data:
         verdict = "consistent" if data.get("fingerprints_consistent") else "INCONSISTENT"
         print(f"  weights     train/eval fingerprints {verdict} over {data['fingerprint_checks']} versions")

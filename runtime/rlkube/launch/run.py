@@ -18,15 +18,16 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 
-from rlkube.engine.in_process import EngineError, InProcessEngine
-from rlkube.engine.report import LearningCurve, RunObserver, RunSummary, SummaryFiles, TensorBoardLog
+from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
 from rlkube.engine.run_paths import RunPaths
 from rlkube.envs.group import EnvError, check_env_id
 from rlkube.jobfile import dump_job, load_job
+from rlkube.launch.cluster_run import run_local_cluster
+from rlkube.launch.in_process import InProcessRun
 from rlkube.launch.progress import LiveProgress, PlainProgress
+from rlkube.launch.results import fresh_run_dir, print_result
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.policy.registry import POLICIES, import_modules
 from rlkube.spec import RLJob, SpecError
@@ -88,8 +89,6 @@ def _runner(args: argparse.Namespace) -> Callable[[RLJob, type[BasePolicy], argp
 
 
 def run_local(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Namespace) -> int:
-    from rlkube.launch.cluster_run import run_local_cluster
-
     if args.nodes < 1:
         print(f"rlkube: --nodes must be at least 1, got {args.nodes}", file=sys.stderr)
         return EXIT_INVALID
@@ -97,10 +96,10 @@ def run_local(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Namespace
 
 
 def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Namespace) -> int:
-    paths = RunPaths(Path(args.run_dir)) if args.run_dir else _fresh_run_dir(job.name)
+    paths = RunPaths(Path(args.run_dir)) if args.run_dir else fresh_run_dir(job.name)
     try:
-        engine = InProcessEngine(job, policy_cls, paths=paths)
-    except (SpecError, EngineError) as exc:
+        engine = InProcessRun(job, policy_cls, paths=paths)
+    except SpecError as exc:
         print(f"rlkube: invalid job {args.job}:\n  - {exc}", file=sys.stderr)
         return EXIT_INVALID
     paths.create()
@@ -115,22 +114,8 @@ def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Name
         traceback.print_exc()
         print(f"rlkube: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    _print_result(summary, paths, args.summary)
+    print_result(summary, paths, args.summary)
     return EXIT_OK
-
-
-def _fresh_run_dir(job_name: str) -> RunPaths:
-    """``runs/<job>-<timestamp>``, suffixed ``-2``, ``-3``... if a run already started in that second.
-
-    (A run directory holding a finished job would otherwise make the new run stop at once: resuming
-    is for ``--run-dir``.)
-    """
-    base = RunPaths.default(job_name, now=datetime.now())
-    candidate, n = base, 2
-    while candidate.run_dir.exists():
-        candidate = RunPaths(base.run_dir.with_name(f"{base.run_dir.name}-{n}"))
-        n += 1
-    return candidate
 
 
 def _observers(job: RLJob, paths: RunPaths, args: argparse.Namespace) -> list[RunObserver]:
@@ -146,31 +131,6 @@ def _observers(job: RLJob, paths: RunPaths, args: argparse.Namespace) -> list[Ru
     else:
         observers.append(LiveProgress(console))
     return observers
-
-
-def _print_result(summary: RunSummary, paths: RunPaths, extra_summary: Path | None) -> None:
-    final = "-" if summary.final_return is None else f"{summary.final_return:.1f}"
-    lines = [
-        f"{summary.job}: {summary.stop_reason}; mean return {final} over the last 20 episodes after "
-        f"{summary.env_steps:,} env steps, {summary.epochs} epochs, {summary.wall_seconds:.1f} s "
-        f"(weights v{summary.weight_version})",
-    ]
-    if summary.already_complete:
-        lines.append(f"  already complete: {paths.checkpoints / 'COMPLETE.json'} exists, nothing was trained")
-    if summary.env_steps_to_target is not None:
-        lines.append(
-            f"  reached the target {summary.target_return:g} at {summary.env_steps_to_target:,} env steps"
-        )
-    if summary.eval_return is not None:
-        lines.append(f"  evaluation (greedy): mean return {summary.eval_return:.1f}")
-    checkpoint = summary.paths.get("checkpoint", str(paths.checkpoints))
-    lines += [
-        f"  logs        {paths.tensorboard}   (tensorboard --logdir {paths.tensorboard})",
-        f"  checkpoint  {checkpoint}",
-        f"  plot        {paths.plot}",
-        f"  summary     {paths.summary}" + (f" and {extra_summary}" if extra_summary else ""),
-    ]
-    print("\n".join(lines), flush=True)
 
 
 def _configure_logging(level: str) -> None:
