@@ -154,3 +154,16 @@ def test_torch_runs_single_threaded_unless_omp_num_threads_says_otherwise() -> N
     assert torch_threads({}) == 1
     assert torch_threads({"OMP_NUM_THREADS": "4"}) == 4
     assert torch_threads({"OMP_NUM_THREADS": "lots"}) == 1
+
+
+class BrokenRolloutPPO(PPO):
+    """PPO whose rollout fails, as a policy under development might."""
+
+    def rollout_step(self, env_ret: EnvRet, deterministic: bool = False, **kwargs: Any) -> PolicyResponse:
+        raise ValueError("rollout_step is broken")
+
+
+def test_a_failing_eval_worker_ends_the_run_with_its_own_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="rollout_step is broken"):
+        run(tiny_job(maxEpochs=2), tmp_path, BrokenRolloutPPO)
+    assert not (tmp_path / "checkpoints" / "COMPLETE.json").exists()
