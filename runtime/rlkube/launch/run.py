@@ -49,7 +49,7 @@ def resolve_policy(job: RLJob) -> type[BasePolicy]:
     modules = [*job.spec.imports, *([job.spec.policy.module] if job.spec.policy.module else [])]
     import_modules(modules)
     try:
-        cls = POLICIES.get(job.spec.policy.type)
+        cls = POLICIES.get(job.spec.policy.type, imported=modules)
     except KeyError as exc:
         raise KeyError(f"spec.policy.type: {exc.args[0]}") from None
     if not (isinstance(cls, type) and issubclass(cls, BasePolicy)):
