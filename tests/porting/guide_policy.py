@@ -38,7 +38,9 @@ class MyPolicy(BasePolicy):
             self.critic.cuda()
 
     def setup_optimizer(self, optim_cfg):
-        params = list(self.encoder.parameters()) + list(self.actor.parameters()) + list(self.critic.parameters())
+        params = (
+            list(self.encoder.parameters()) + list(self.actor.parameters()) + list(self.critic.parameters())
+        )
         self.optimizer = torch.optim.AdamW(params, lr=optim_cfg.lr)
 
     # --- the user's helpers (the guide calls them) ---

@@ -80,7 +80,17 @@ def rlkube_run(
         "OMP_NUM_THREADS": "1",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube.cli", "run", str(job), "--run-dir", str(run_dir), "--no-progress", *args],
+        [
+            sys.executable,
+            "-m",
+            "rlkube.cli",
+            "run",
+            str(job),
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            *args,
+        ],
         capture_output=True,
         text=True,
         env=env,

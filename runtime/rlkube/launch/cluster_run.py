@@ -24,6 +24,7 @@ from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.report import RunSummary
 from rlkube.engine.run_paths import RunPaths
+from rlkube.failure import Failure, format_console
 from rlkube.jobfile import dump_job
 from rlkube.launch.local import Layout, Outcome, Ports, Supervisor, supervise
 from rlkube.spec import RLJob
@@ -126,6 +127,10 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
 def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int:
     if outcome.code != 0:
         print(f"rlkube: {outcome.message}", file=sys.stderr)
+        if outcome.failure is not None:
+            print(f"rlkube: the run failed: {format_console(outcome.failure)}", file=sys.stderr)
+        if outcome.code != 130:
+            write_failure_summary(paths, outcome.failure, outcome.message, extra_summary)
         return outcome.code
     data = json.loads(paths.summary.read_text())
     if extra_summary is not None:
@@ -147,3 +152,21 @@ def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int
             line += f"; {data['dropped_stale']} fragments dropped as stale"
         print(line)
     return 0
+
+
+def write_failure_summary(
+    paths: RunPaths, failure: Failure | None, message: str, extra_summary: Path | None = None
+) -> None:
+    """``summary.json`` of a failed run: ``stop_reason: failed`` and the failure (exception, message, frame)."""
+    data = {
+        "run_dir": str(paths.run_dir),
+        "stop_reason": "failed",
+        "failure": failure.to_json() if failure is not None else None,
+        "message": failure.message if failure is not None else message.splitlines()[0] if message else "",
+    }
+    text = json.dumps(data, indent=2) + "\n"
+    paths.summary.parent.mkdir(parents=True, exist_ok=True)
+    paths.summary.write_text(text)
+    if extra_summary is not None:
+        extra_summary.parent.mkdir(parents=True, exist_ok=True)
+        extra_summary.write_text(text)

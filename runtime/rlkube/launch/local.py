@@ -8,11 +8,14 @@ simulated node. The supervisor then behaves like the StatefulSet controller plus
   drains; the eval count follows ``control.json`` in the run directory (``rlkube scale``);
 - a train rank that fails takes the whole train group down and up again: every rank resumes
   from the newest checkpoint, at most ``runPolicy.backoffLimit`` times;
+- an eval worker that keeps failing fails the job once it was restarted more than
+  ``runPolicy.evalBackoffLimit`` times (a scale-down is not a failure);
 - the job is finished when rank 0 writes the completion marker (``checkpoints/COMPLETE.json``,
   as in a pod every rank then idles until stopped): everything is stopped.
 
 Ctrl-C (or SIGTERM) stops every process (SIGTERM, then SIGKILL after the grace period) and
-removes the shm directories. A failure exits non-zero with the failing process's last lines.
+removes the shm directories. A failure exits non-zero with the failing process's last lines and
+the :class:`~rlkube.failure.Failure` read from the traceback it printed (``Outcome.failure``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rlkube import contract
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
 from rlkube.engine.run_paths import RunPaths
+from rlkube.failure import Failure, failure_from_log
 from rlkube.spec import RLJob
 
 _PR_SET_PDEATHSIG = 1
@@ -191,6 +195,17 @@ class Proc:
 class Outcome:
     code: int
     message: str = ""
+    failure: Failure | None = None  # why, when a process failed: exception, message, the policy's frame
+
+
+def last_failure(proc: Proc) -> Failure | None:
+    """The failure in the traceback ``proc`` printed since it was last started (None if it printed none)."""
+    try:
+        text = proc.log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    marker = f"==== {proc.name} started at "
+    return failure_from_log(text[text.rfind(marker) :] if marker in text else text, pod=proc.name)
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -215,6 +230,7 @@ class Supervisor:
     eval_restarts: int = 0
     _eval_retry_at: dict[int, float] = field(default_factory=dict)
     _eval_backoff: dict[int, float] = field(default_factory=dict)
+    _eval_failures: dict[int, int] = field(default_factory=dict)  # restarts per eval replica
 
     # -------------------------------------------------------------- starting
     def prepare(self) -> None:
@@ -292,6 +308,17 @@ class Supervisor:
             del self.evals[index]
             if proc.stopping:
                 continue
+            failures = self._eval_failures[index] = self._eval_failures.get(index, 0) + 1
+            limit = self.layout.job.spec.run_policy.eval_backoff_limit
+            if failures > limit and not self.complete_marker().exists():
+                failure = last_failure(proc)
+                return Outcome(
+                    1,
+                    f"{proc.name} exited with code {code} {failures} times; eval backoff limit {limit} "
+                    f"reached (runPolicy.evalBackoffLimit).\n--- last lines of {proc.log_path}:\n"
+                    f"{tail(proc.log_path)}",
+                    failure,
+                )
             self.eval_restarts += 1
             delay = min(MAX_RESTART_DELAY, max(0.5, 2 * self._eval_backoff.get(index, 0.25)))
             if now - proc.started_at > 60:
@@ -311,6 +338,7 @@ class Supervisor:
                     1,
                     f"{culprit.name} exited with code {culprit.popen.returncode}; "
                     f"backoff limit {limit} reached.\n--- last lines of {culprit.log_path}:\n{lines}",
+                    last_failure(culprit),
                 )
             self.train_restarts += 1
             self.stop_processes(list(self.train.values()))

@@ -25,6 +25,7 @@ from rlkube.engine.in_process import EngineError, InProcessEngine
 from rlkube.engine.report import LearningCurve, RunObserver, RunSummary, SummaryFiles, TensorBoardLog
 from rlkube.engine.run_paths import RunPaths
 from rlkube.envs.group import EnvError, check_env_id
+from rlkube.failure import describe_exception, format_console
 from rlkube.jobfile import dump_job, load_job
 from rlkube.launch.progress import LiveProgress, PlainProgress
 from rlkube.policy.base import BasePolicy, PolicyRole
@@ -112,8 +113,12 @@ def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Name
         print(f"\nrlkube: interrupted; checkpoints so far are in {paths.checkpoints}", file=sys.stderr)
         return 130
     except Exception as exc:
+        from rlkube.launch.cluster_run import write_failure_summary
+
         traceback.print_exc()
-        print(f"rlkube: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        failure = describe_exception(exc)
+        print(f"rlkube: the run failed: {format_console(failure)}", file=sys.stderr)
+        write_failure_summary(paths, failure, str(exc), args.summary)
         return EXIT_FAILED
     _print_result(summary, paths, args.summary)
     return EXIT_OK
