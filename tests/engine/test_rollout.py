@@ -17,7 +17,7 @@ COUNTER = "tests.envs.counter_env"
 
 
 class CountingPolicy(BasePolicy):
-    """Always action 1 (reward 1 per step in the counter env); greedy mode picks action 2 (batched requests)."""
+    """Action 1 (reward 1 per step in the counter env), greedy action 2; written for batched requests."""
 
     request_mode = RequestMode.BATCHED
 

@@ -47,7 +47,8 @@ class PerEnvPolicy(BasePolicy):
         )
 
     def postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
-        assert env_ret is not None and policy_resp is not None
+        assert env_ret is not None
+        assert policy_resp is not None
         self.postprocessed.append((env_ret, policy_resp))
         return {"bonus": env_ret.last_reward * 2}
 
@@ -120,7 +121,8 @@ def test_rollout_step_receives_one_env_s_request_with_rlightning_s_fields() -> N
     assert first.observation.tolist() == [0.0, 0.0]  # [steps so far, seed]; env i is seeded 0 + i
     assert (first.last_reward, first.last_terminated, first.last_truncated) == (0.0, False, False)
     step3 = policy.seen[3 * 3]  # env 0 after its episode ended at step 3
-    assert step3.last_terminated is True and step3.last_reward == 1.0
+    assert step3.last_terminated is True
+    assert step3.last_reward == 1.0
     assert step3.observation.tolist() == [0.0, 0.0]  # the next episode's first frame
     assert step3.final_observation.tolist() == [3.0, 0.0]  # the frame the episode ended on
     assert isinstance(first.info, dict)
@@ -142,7 +144,7 @@ def test_per_env_and_batched_policies_fill_the_same_fragment() -> None:
     _, per_env = collect(PerEnvPolicy, steps=4)
     _, batched = collect(BatchedPolicy, steps=4)
     assert set(per_env.data.keys()) == set(batched.data.keys())
-    for key in per_env.data.keys():
+    for key in per_env.data:
         assert per_env.data[key].shape == batched.data[key].shape, key
         assert per_env.data[key].dtype == batched.data[key].dtype, key
     assert per_env.data.batch_size == (3, 4)
@@ -168,7 +170,8 @@ def test_a_batched_answer_to_a_per_env_request_names_the_mode_the_shapes_and_the
         collect(AnswersForAll, steps=1)
     message = str(error.value)
     assert "rolloutMode sync, one request per env" in message
-    assert "action of shape (3,)" in message and "observation has shape (2,)" in message
+    assert "action of shape (3,)" in message
+    assert "observation has shape (2,)" in message
     assert "request_mode = RequestMode.BATCHED" in message
 
 
@@ -182,7 +185,8 @@ def test_a_per_env_answer_in_batched_mode_names_the_mode_the_shapes_and_the_swit
         collect(Unsqueezes, steps=1)
     message = str(error.value)
     assert "rolloutMode sync, batched requests" in message
-    assert "observation (3, 2)" in message and "action of shape (1, 3)" in message
+    assert "observation (3, 2)" in message
+    assert "action of shape (1, 3)" in message
     assert "remove `request_mode = RequestMode.BATCHED`" in message
 
 

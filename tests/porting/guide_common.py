@@ -61,4 +61,4 @@ def ppo_update(data, *, dist, value, optimizer, gamma=0.99, lam=0.95, clip=0.2, 
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    return float(loss)
+    return float(loss.detach())

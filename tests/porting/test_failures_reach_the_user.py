@@ -46,8 +46,10 @@ def assert_failed_with(
 ) -> None:
     assert result.returncode == 1, result.stderr[-3000:]
     assert f"{exception}: {text}" in result.stderr
-    assert "failing.py" in result.stderr and function in result.stderr
-    assert summary is not None and summary["stop_reason"] == "failed"
+    assert "failing.py" in result.stderr
+    assert function in result.stderr
+    assert summary is not None
+    assert summary["stop_reason"] == "failed"
     failure = summary["failure"]
     assert failure["exception"] == exception
     assert text in failure["detail"]
@@ -117,4 +119,5 @@ def test_eval_restarts_are_bounded_by_a_documented_default() -> None:
 
     field = RunPolicySpec.model_fields["eval_backoff_limit"]
     assert field.default == 5
-    assert field.description and "eval worker" in field.description
+    assert field.description
+    assert "eval worker" in field.description

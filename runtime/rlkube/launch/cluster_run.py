@@ -157,7 +157,7 @@ def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int
 def write_failure_summary(
     paths: RunPaths, failure: Failure | None, message: str, extra_summary: Path | None = None
 ) -> None:
-    """``summary.json`` of a failed run: ``stop_reason: failed`` and the failure (exception, message, frame)."""
+    """``summary.json`` of a failed run: ``stop_reason: failed`` and the failure (exception, frame)."""
     data = {
         "run_dir": str(paths.run_dir),
         "stop_reason": "failed",

@@ -1,7 +1,8 @@
 """The built-in ``PPO`` policy (``spec.policy.type: PPO``): CleanRL's PPO on rlkube's BasePolicy.
 
 PPO declares batched requests (``request_mode = RequestMode.BATCHED``): ``rollout_step`` gets every
-env of the group in one call. ``update_dataset`` receives this rank's ``[rows, T]`` share of the epoch's fragments, recomputes
+env of the group in one call. ``update_dataset`` receives this rank's ``[rows, T]`` share of the
+epoch's fragments, recomputes
 V(observation) and V(next_observation) with the current critic and computes GAE per row (see
 ``ppo_math``). ``train`` runs ``updateEpochs`` passes of shuffled minibatches. ``spec.train.batchSize``
 is the *global* minibatch: with W DDP ranks each rank takes ``batchSize // W`` rows from its own
