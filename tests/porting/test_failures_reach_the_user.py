@@ -77,7 +77,9 @@ def test_a_policy_error_fails_the_local_cluster_run_with_its_exception_and_frame
     name = f"fail-{stage.replace('_', '-')}"
     # rollout_step's worker is restarted once first: the limit bounds restarts, it does not forbid them
     restarts = 1 if stage == "rollout_step" else 0
-    result, summary = rlkube_run(tmp_path, failing_job(name, fail_in=stage, eval_restarts=restarts), timeout=240)
+    result, summary = rlkube_run(
+        tmp_path, failing_job(name, fail_in=stage, eval_restarts=restarts), timeout=240
+    )
     assert_failed_with(
         tmp_path,
         name,
