@@ -229,8 +229,10 @@ def measure_requests(args: argparse.Namespace, root: Path, requests: str) -> lis
         engine="sync", workers=1, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, requests=requests
     )
     rows.append(measure_in_process(base, root))
-    for engine in args.engines:
-        for workers in args.workers:
+    # --quick (the test that keeps the bench from rotting) runs the second mode once, not the grid
+    second = args.quick and requests != args.requests[0]
+    for engine in args.engines[:1] if second else args.engines:
+        for workers in args.workers[:1] if second else args.workers:
             spec = job(
                 engine=engine,
                 workers=workers,
@@ -246,7 +248,7 @@ def measure_requests(args: argparse.Namespace, root: Path, requests: str) -> lis
             rows.append(measure_cluster(spec, root, nodes=min(args.nodes, workers)))
     for row in rows:
         row["requests"] = requests
-    if not args.no_ray:
+    if not args.no_ray and not second:
         rows += measure_ray(args, requests)
     return rows
 
