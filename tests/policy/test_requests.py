@@ -144,7 +144,7 @@ def test_per_env_and_batched_policies_fill_the_same_fragment() -> None:
     _, per_env = collect(PerEnvPolicy, steps=4)
     _, batched = collect(BatchedPolicy, steps=4)
     assert set(per_env.data.keys()) == set(batched.data.keys())
-    for key in per_env.data:
+    for key in per_env.data.keys():  # noqa: SIM118  (iterating a TensorDict yields rows)
         assert per_env.data[key].shape == batched.data[key].shape, key
         assert per_env.data[key].dtype == batched.data[key].dtype, key
     assert per_env.data.batch_size == (3, 4)
@@ -211,3 +211,16 @@ def test_a_dict_or_a_response_without_env_id_names_policy_response() -> None:
 
     with pytest.raises(RequestError, match=r"request of env '1-0' with env_id 'other'"):
         collect(WrongEnvId, steps=1)
+
+
+def test_concurrent_async_requests_leave_inference_mode_as_they_found_it() -> None:
+    class Checks(AsyncPerEnvPolicy):
+        async def rollout_step(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:  # type: ignore[override]
+            assert torch.is_inference_mode_enabled()  # the base class's promise holds after an await too
+            await asyncio.sleep(0)
+            assert torch.is_inference_mode_enabled()
+            return PerEnvPolicy.rollout_step(self, env_ret)
+
+    assert not torch.is_inference_mode_enabled()
+    collect(Checks, steps=2, num_envs=4, mode="async")
+    assert not torch.is_inference_mode_enabled()  # interleaved requests must not leave it on

@@ -306,8 +306,10 @@ class BasePolicy(nn.Module, ABC):
         try:
             with torch.inference_mode():
                 result: Any = self.rollout_step(env_ret.to(self.device), **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
+            if inspect.iscoroutine(result):
+                result = await _InInferenceMode(result)
+            elif inspect.isawaitable(result):
+                result = await result
             return result
         finally:
             self._admission.leave()
@@ -537,6 +539,35 @@ class BasePolicy(nn.Module, ABC):
             logger.debug("%-28s count=%s total=%.6fs", name, stats.get("count"), stats.get("total", 0.0))
         if reset:
             self.timing_raw = {}
+
+
+class _InInferenceMode:
+    """Await a coroutine with inference mode on while it runs, and off while it is suspended.
+
+    Inference mode is per thread; requests of several envs are in flight on one event loop, so a
+    ``with torch.inference_mode():`` held across an ``await`` would be entered and left by
+    interleaved requests in the wrong order and leave it switched on for the whole thread. Each
+    step of the coroutine runs inside its own ``with`` instead.
+    """
+
+    def __init__(self, coro: Any) -> None:
+        self.coro = coro
+
+    def __await__(self) -> Any:
+        coro = self.coro
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                with torch.inference_mode():
+                    yielded = coro.throw(error) if error is not None else coro.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                value = yield yielded
+            except BaseException as exc:  # cancellation or a failed future: into the coroutine
+                error = exc
 
 
 def _dp_world_size() -> int:
