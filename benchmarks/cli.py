@@ -14,7 +14,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "weights": ("benchmarks.weights.run", "weight sync train -> eval: rlkube vs Ray, gloo, raw gRPC, memcpy"),
     "rollout": (
         "benchmarks.rollout.run",
-        "env steps/s for 1, 2, 4 eval workers, sync vs async, vs the bound",
+        "env steps/s for 1, 2, 4 eval workers, sync vs async, batched vs per-env requests, vs Ray",
     ),
 }
 

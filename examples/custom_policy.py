@@ -1,11 +1,11 @@
 """A policy written to RLightning's "Customize Policy" guide, running on rlkube.
 
 Porting it was a change of imports (``rlightning`` -> ``rlkube``); see
-docs/porting-from-rlightning.md. Two things differ from the guide's snippets on purpose: an MLP
-encoder stands in for NatureCNN (CartPole observations are vectors), and tensors go to
-``self.device`` instead of ``.cuda()``, so the same file runs on CPU and GPU. rlkube's EnvRet is
-batched over the envs of a group, so ``rollout_step`` gets ``[num_envs, ...]`` observations and
-does not ``unsqueeze(0)``.
+docs/porting-from-rlightning.md. As in RLightning, ``rollout_step`` receives one env's EnvRet (its
+observation has no batch dimension, hence the guide's ``unsqueeze(0)``) and answers for that env.
+Two things differ from the guide's snippets on purpose: an MLP encoder stands in for NatureCNN
+(CartPole observations are vectors, and its actions are discrete: ``action_space.n``), and tensors
+go to ``self.device`` instead of ``.cuda()``, so the same file runs on CPU and GPU.
 
 Run it:  rlkube run examples/custom_policy.yaml
 """
@@ -67,7 +67,7 @@ class MyPolicy(BasePolicy):
 
     # --- Rollout (EVAL workers) ---
     def rollout_step(self, env_ret: EnvRet, **kwargs) -> PolicyResponse:
-        obs = env_ret.observation.float().to(self.device)
+        obs = env_ret.observation.float().unsqueeze(0).to(self.device)
 
         action, log_prob, entropy = self.get_action(obs)
         value = self.get_value(obs)

@@ -17,7 +17,7 @@ from rlkube.data.rollout_buffer import RolloutBuffer
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.envs.group import EnvGroup
 from rlkube.launch.in_process import with_strategy_none
-from rlkube.policy import POLICIES, PolicyRole
+from rlkube.policy import POLICIES, PolicyRole, import_modules
 from rlkube.policy.base import seed_everything
 from rlkube.spec import RLJob, parse_job
 
@@ -28,6 +28,7 @@ class RolloutActor:
     def __init__(self, job: dict[str, Any], replica: int) -> None:
         torch.set_num_threads(1)  # as the rlkube pods run (OMP_NUM_THREADS=1)
         spec = parse_job(job).spec
+        import_modules(spec.imports)  # e.g. the per-env policy of the bench
         self.policy = POLICIES.get(spec.policy.type)(with_strategy_none(spec.policy), PolicyRole.EVAL)
         self.group = EnvGroup.from_spec(spec.env, base_seed=spec.train.seed, replica_index=replica)
         self.group.reset()

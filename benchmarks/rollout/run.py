@@ -1,5 +1,10 @@
 """``rlkube bench rollout``: env steps/s of the local cluster for 1, 2, 4 eval workers, sync vs async.
 
+Every measurement runs in both request modes (``--requests``): ``batched`` (the built-in ``PPO``:
+one ``rollout_step`` call per step for the 8 envs of a worker) and ``per-env`` (``PPOPerEnv``, the
+same network served one env per call as RLightning does, ``benchmarks/rollout/per_env.py``). The
+``bound`` rows of the two modes give the per-env request overhead in microseconds per env step.
+
 Measures, in one run and side by side:
 
 * ``bound``: one process stepping the same EnvGroup with the same EVAL policy and nothing else
@@ -35,20 +40,28 @@ from rlkube.envs.group import EnvGroup
 from rlkube.jobfile import dump_job
 from rlkube.launch.in_process import InProcessRun
 from rlkube.launch.local import Layout, Ports, Supervisor, supervise
-from rlkube.policy import POLICIES, PolicyRole
+from rlkube.policy import POLICIES, PolicyRole, import_modules
 from rlkube.spec import RLJob, parse_job
 
+#: request mode -> (policy type, modules to import for it)
+REQUEST_MODES: dict[str, tuple[str, list[str]]] = {
+    "batched": ("PPO", []),
+    "per-env": ("PPOPerEnv", ["benchmarks.rollout.per_env"]),
+}
 
-def job(*, engine: str, workers: int, epochs: int, steps_per_epoch: int) -> RLJob:
+
+def job(*, engine: str, workers: int, epochs: int, steps_per_epoch: int, requests: str = "batched") -> RLJob:
+    policy_type, imports = REQUEST_MODES[requests]
     return parse_job(
         {
             "apiVersion": "rlkube.io/v1alpha1",
             "kind": "RLJob",
-            "metadata": {"name": f"bench-{engine}-{workers}"},
+            "metadata": {"name": f"bench-{engine}-{workers}-{requests}"},
             "spec": {
                 "engine": engine,
+                "imports": imports,
                 "policy": {
-                    "type": "PPO",
+                    "type": policy_type,
                     "modelCfg": {"hiddenSizes": [64, 64]},
                     "algoCfg": {"updateEpochs": 4},
                     "weightBuffer": {"strategy": "Shared"},
@@ -74,7 +87,7 @@ def job(*, engine: str, workers: int, epochs: int, steps_per_epoch: int) -> RLJo
 
 def measure_bound(spec: RLJob, steps: int) -> dict[str, Any]:
     """One process, rollouts only: the same envs and policy forward pass, nothing else."""
-    policy = POLICIES.get("PPO")(spec.spec.policy.model_copy(update={}), PolicyRole.EVAL)
+    policy = POLICIES.get(spec.spec.policy.type)(spec.spec.policy.model_copy(update={}), PolicyRole.EVAL)
     with EnvGroup.from_spec(spec.spec.env, base_seed=1) as group:
         group.reset()
         policy.init_eval(None, env_meta=group.meta)
@@ -90,8 +103,8 @@ def measure_bound(spec: RLJob, steps: int) -> dict[str, Any]:
 
 
 def measure_in_process(spec: RLJob, root: Path) -> dict[str, Any]:
-    paths = RunPaths(root / "in-process").create()
-    summary = InProcessRun(spec, POLICIES.get("PPO"), paths=paths).run()
+    paths = RunPaths(root / f"in-process-{spec.name}").create()
+    summary = InProcessRun(spec, POLICIES.get(spec.spec.policy.type), paths=paths).run()
     return {
         "method": "in-process",
         "engine": "sync",
@@ -128,7 +141,7 @@ def measure_cluster(spec: RLJob, root: Path, *, nodes: int) -> dict[str, Any]:
     }
 
 
-def measure_ray(args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure_ray(args: argparse.Namespace, requests: str) -> list[dict[str, Any]]:
     try:
         import ray
     except ImportError:
@@ -141,35 +154,103 @@ def measure_ray(args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
         for workers in args.workers:
             spec = job(
-                engine="sync", workers=workers, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch
+                engine="sync",
+                workers=workers,
+                epochs=args.epochs,
+                steps_per_epoch=args.steps_per_epoch,
+                requests=requests,
             )
-            print(f"running the Ray peer with {workers} eval worker(s)...", file=sys.stderr, flush=True)
+            print(
+                f"running the Ray peer with {workers} eval worker(s), {requests} requests...",
+                file=sys.stderr,
+                flush=True,
+            )
             raw = spec.model_dump(mode="json", by_alias=True, exclude={"status"}, exclude_none=True)
-            rows.append(measure_ray_sync(spec, raw, workers=workers))
+            rows.append({**measure_ray_sync(spec, raw, workers=workers), "requests": requests})
     finally:
         ray.shutdown()
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """One line per row; ``vs ray``: the row's steps/s over the Ray peer's with as many workers."""
-    bound = next(r["steps_per_second"] for r in rows if r["method"] == "bound")
-    ray = {r["workers"]: r["steps_per_second"] for r in rows if r["method"] == "ray"}
+    """One line per row; ``vs bound``/``vs ray``: over the bound or the Ray peer of the same request mode."""
+    bound = {r["requests"]: r["steps_per_second"] for r in rows if r["method"] == "bound"}
+    ray = {(r["requests"], r["workers"]): r["steps_per_second"] for r in rows if r["method"] == "ray"}
     lines = [
-        f"{'method':11s} {'engine':6s} {'workers':>7s} {'env steps':>10s} {'seconds':>8s} {'steps/s':>9s} "
-        f"{'vs bound':>8s} {'vs ray':>7s} {'waiting for weights':>20s}",
+        f"{'method':11s} {'requests':8s} {'engine':6s} {'workers':>7s} {'env steps':>10s} {'seconds':>8s} "
+        f"{'steps/s':>9s} {'vs bound':>8s} {'vs ray':>7s} {'waiting for weights':>20s}",
     ]
     for r in rows:
         wait = r.get("weight_wait_fraction")
-        peer = ray.get(r["workers"]) if r["method"] == "cluster" else None
+        peer = ray.get((r["requests"], r["workers"])) if r["method"] == "cluster" else None
         versus = f"{r['steps_per_second'] / peer:.2f}x" if peer else "-"
         lines.append(
-            f"{r['method']:11s} {r['engine']:6s} {r['workers']:7d} {r['env_steps']:10,d} {r['seconds']:8.1f} "
-            f"{r['steps_per_second']:9,.0f} {r['steps_per_second'] / bound:8.2f} "
-            f"{versus:>7s} "
+            f"{r['method']:11s} {r['requests']:8s} {r['engine']:6s} {r['workers']:7d} {r['env_steps']:10,d} "
+            f"{r['seconds']:8.1f} {r['steps_per_second']:9,.0f} "
+            f"{r['steps_per_second'] / bound[r['requests']]:8.2f} {versus:>7s} "
             f"{'-' if wait is None else f'{100 * wait:.1f}%':>20s}"
         )
+    if "batched" in bound and "per-env" in bound and bound["batched"] and bound["per-env"]:
+        overhead = 1e6 * (1 / bound["per-env"] - 1 / bound["batched"])
+        lines.append(
+            f"per-env requests cost {overhead:.1f} us per env step more than batched ones "
+            f"(bound rows: {bound['per-env']:,.0f} vs {bound['batched']:,.0f} steps/s, 8 envs per worker)"
+        )
     return "\n".join(lines)
+
+
+def measure_bounds(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The bound of every request mode, measured in turns ``--bound-repeats`` times; the best of each.
+
+    Taking turns and keeping the fastest round makes the ratio between the modes (the per-env
+    request overhead) robust to other load on the machine.
+    """
+    best: dict[str, dict[str, Any]] = {}
+    steps = args.epochs * args.steps_per_epoch // 2
+    for _ in range(args.bound_repeats):
+        for requests in args.requests:
+            spec = job(
+                engine="sync",
+                workers=1,
+                epochs=args.epochs,
+                steps_per_epoch=args.steps_per_epoch,
+                requests=requests,
+            )
+            row = {**measure_bound(spec, steps), "requests": requests}
+            if requests not in best or row["seconds"] < best[requests]["seconds"]:
+                best[requests] = row
+    return list(best.values())
+
+
+def measure_requests(args: argparse.Namespace, root: Path, requests: str) -> list[dict[str, Any]]:
+    """Every method with one request mode."""
+    rows: list[dict[str, Any]] = []
+    base = job(
+        engine="sync", workers=1, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, requests=requests
+    )
+    rows.append(measure_in_process(base, root))
+    # --quick (the test that keeps the bench from rotting) runs the second mode once, not the grid
+    second = args.quick and requests != args.requests[0]
+    for engine in args.engines[:1] if second else args.engines:
+        for workers in args.workers[:1] if second else args.workers:
+            spec = job(
+                engine=engine,
+                workers=workers,
+                epochs=args.epochs,
+                steps_per_epoch=args.steps_per_epoch,
+                requests=requests,
+            )
+            print(
+                f"running {engine} with {workers} eval worker(s), {requests} requests...",
+                file=sys.stderr,
+                flush=True,
+            )
+            rows.append(measure_cluster(spec, root, nodes=min(args.nodes, workers)))
+    for row in rows:
+        row["requests"] = requests
+    if not args.no_ray and not second:
+        rows += measure_ray(args, requests)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,24 +263,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 4 short epochs (for tests)")
     parser.add_argument("--json", type=Path, default=None, help="write one row per measurement here")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray peer")
+    parser.add_argument("--bound-repeats", type=int, default=3, help="rounds of the bound rows (best kept)")
+    parser.add_argument(
+        "--requests",
+        nargs="+",
+        default=["batched", "per-env"],
+        choices=sorted(REQUEST_MODES),
+        help="request modes to measure (each method runs in each)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.workers, args.epochs, args.steps_per_epoch = [1, 2], 4, 512
     rows: list[dict[str, Any]] = []
-    base = job(engine="sync", workers=1, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch)
+    import_modules(module for mode in args.requests for module in REQUEST_MODES[mode][1])
+    rows += measure_bounds(args)
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-rollout-") as tmp:
         root = Path(tmp)
-        rows.append(measure_bound(base, args.epochs * args.steps_per_epoch // 2))
-        rows.append(measure_in_process(base, root))
-        for engine in args.engines:
-            for workers in args.workers:
-                spec = job(
-                    engine=engine, workers=workers, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch
-                )
-                print(f"running {engine} with {workers} eval worker(s)...", file=sys.stderr, flush=True)
-                rows.append(measure_cluster(spec, root, nodes=min(args.nodes, workers)))
-        if not args.no_ray:
-            rows += measure_ray(args)
+        for requests in args.requests:
+            rows += measure_requests(args, root, requests)
+
     for row in rows:
         row["steps_per_second"] = row["env_steps"] / row["seconds"] if row["seconds"] > 0 else 0.0
         row["scenario"] = "cartpole-ppo"

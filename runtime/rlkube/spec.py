@@ -349,6 +349,11 @@ class RunPolicySpec(_Model):
 
     suspend: bool = Field(False, description="Scale to zero and keep the job; resume by setting false.")
     backoff_limit: NonNegativeInt = Field(3, description="Train restarts tolerated before the job fails.")
+    eval_backoff_limit: NonNegativeInt = Field(
+        5,
+        description="Restarts of one eval worker (its pod's restart count) tolerated before the job fails "
+        "with that worker's error; a scale-down is not a restart.",
+    )
     active_deadline_seconds: PositiveInt | None = Field(None, description="Fail the job after this long.")
     ttl_seconds_after_finished: NonNegativeInt | None = Field(
         None, description="Delete the finished job (and its children) after this long."

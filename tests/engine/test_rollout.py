@@ -8,7 +8,7 @@ import pytest
 import torch
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.envs.group import EnvGroup
-from rlkube.policy import BasePolicy
+from rlkube.policy import BasePolicy, RequestMode
 from rlkube.spec import PolicySpec
 from rlkube.types import EnvRet, PolicyResponse
 from torch import nn
@@ -17,7 +17,9 @@ COUNTER = "tests.envs.counter_env"
 
 
 class CountingPolicy(BasePolicy):
-    """Always action 1 (reward 1 per step in the counter env); greedy mode picks action 2."""
+    """Action 1 (reward 1 per step in the counter env), greedy action 2; written for batched requests."""
+
+    request_mode = RequestMode.BATCHED
 
     def construct_network(self, env_meta: Any, *args: Any, **kwargs: Any) -> None:
         self.net = nn.Linear(2, 1)

@@ -15,7 +15,7 @@ def test_discrete_group_resets_and_steps_as_a_batch() -> None:
     with EnvGroup("CartPole-v1", num_envs=3, seed=5) as group:
         first = group.reset()
         assert first.observation.shape == (3, 4)
-        assert first.env_id.tolist() == [0, 1, 2]
+        assert first.env_id == ["0-0", "0-1", "0-2"]
         assert group.meta.is_discrete
         assert group.meta.action_space.n == 2
         assert group.meta.max_episode_steps == 500

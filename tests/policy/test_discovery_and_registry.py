@@ -108,3 +108,14 @@ def test_reset_training_state_rebuilds_models_and_optimizer() -> None:
     assert policy.net is not first
     assert [name for name, _ in policy.model_list] == ["net"]
     assert isinstance(policy.optimizer, torch.optim.SGD)
+
+
+def test_a_module_that_was_imported_but_registered_nothing_is_named() -> None:
+    import_modules(["tests.policy.registers_nothing"])
+    with pytest.raises(KeyError) as error:
+        POLICIES.get("Forgotten", imported=["tests.policy.registers_nothing", "rlkube.policy.builtin.ppo"])
+    message = error.value.args[0]
+    assert "'tests.policy.registers_nothing' imported but registered no policy" in message
+    assert '@POLICIES.register("Name")' in message
+    assert "'rlkube.policy.builtin.ppo' registered 'PPO'" in message
+    assert "list that module in spec.imports" not in message  # it was listed: that advice would mislead

@@ -12,6 +12,10 @@ Everything loads with ``map_location="cpu"``, so every train rank (and a machine
 writer's accelerator) can load the same file; ``policy.load_checkpoint`` and the optimizers'
 ``load_state_dict`` move state to their own devices. Next to the checkpoints, ``COMPLETE.json``
 marks a finished job: a restarted run that finds it does not train again.
+
+A policy that overrides ``save_checkpoint`` without ``load_checkpoint``
+(``BasePolicy.saves_custom_checkpoints``) also gets ``models.pt``, the framework's own copy of its
+``model_list``, and resumes from that: the default loader cannot read a format it did not write.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 POLICY_FILE = "policy.pt"
 TRAINER_FILE = "trainer.pt"
+MODELS_FILE = "models.pt"
 META_FILE = "meta.json"
 COMPLETE_FILE = "COMPLETE.json"
 _NAME = re.compile(r"^ckpt-(\d{6,})$")
@@ -157,13 +162,16 @@ class CheckpointStore:
         tmp.mkdir()
         try:
             policy.save_checkpoint(str(tmp / POLICY_FILE))
+            custom = policy.saves_custom_checkpoints()
+            if custom:
+                policy.save_models(tmp / MODELS_FILE)
             trainer_state = {
                 "optimizers": {name: opt.state_dict() for name, opt in policy.optimizers().items()},
                 "rng": capture_rng(),
             }
             torch.save(trainer_state, tmp / TRAINER_FILE)
             files = {}
-            for name in (POLICY_FILE, TRAINER_FILE):
+            for name in (POLICY_FILE, TRAINER_FILE, *((MODELS_FILE,) if custom else ())):
                 if not (tmp / name).is_file():
                     raise CheckpointError(f"{type(policy).__name__}.save_checkpoint wrote no {name}")
                 _fsync(tmp / name)
@@ -230,7 +238,10 @@ class CheckpointStore:
         self, checkpoint: Checkpoint, policy: BasePolicy, *, restore_rng_state: bool = True
     ) -> TrainerProgress:
         """Load weights, optimizer/scheduler states and (by default) RNG states into ``policy``."""
-        policy.load_checkpoint(str(checkpoint.path / POLICY_FILE))
+        if policy.saves_custom_checkpoints() and (checkpoint.path / MODELS_FILE).is_file():
+            policy.load_models(checkpoint.path / MODELS_FILE)
+        else:
+            policy.load_checkpoint(str(checkpoint.path / POLICY_FILE))
         state = torch.load(checkpoint.path / TRAINER_FILE, map_location="cpu", weights_only=True)
         optimizers = policy.optimizers()
         saved = state.get("optimizers", {})

@@ -6,10 +6,19 @@ the wire. Envs keep running across fragments (an episode may span several); the 
 ``collect`` resets them. ``rollout_step`` is called through the policy's gate
 (``_rollout`` or, with ``rolloutMode: async``, awaited through ``_rollout_async``), so a
 weight update never lands in the middle of a step.
+
+Requests (``policy.request_mode``): per env, the default, as in RLightning: each step the group's
+batched EnvRet is split into one EnvRet per env (``env_id`` a string, unbatched observation), each
+is one ``rollout_step`` call (sync: one after another under the idle gate; async: all in flight
+together on the policy's event loop, so ``get_num_requests()`` reaches ``numEnvs``), and the
+responses are stacked into rows (``rlkube.engine.requests``); ``postprocess`` is called per env
+with that env's next EnvRet and its response. Batched: one call per step with every env's rows.
+Both modes fill the same ``[num_envs, T]`` fragment (keys in ``rlkube.data.fragment``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Mapping
@@ -20,9 +29,10 @@ import torch
 from tensordict import TensorDict
 
 from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED, TRUNCATED, Fragment
+from rlkube.engine.requests import Acted, assemble_batched, assemble_per_env, batched_rows, stack_rows
 from rlkube.envs.group import EnvGroup
-from rlkube.envs.types import EnvRet, PolicyResponse
-from rlkube.policy.base import BasePolicy
+from rlkube.envs.types import EnvRet
+from rlkube.policy.base import BasePolicy, RequestMode
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +64,28 @@ class RolloutWorker:
         self.policy = policy
         self.replica = replica
         self.num_envs = env_group.num_envs
+        self.per_env = RequestMode(policy.request_mode) is RequestMode.PER_ENV
+        space = env_group.single_action_space
+        self._action_space = space
+        self._action_shape: tuple[int, ...] = tuple(getattr(space, "shape", None) or ())
         self._current: EnvRet | None = None
+        self._split_of: EnvRet | None = None
+        self._split: list[EnvRet] = []
         self._warned: set[str] = set()
 
     @property
     def is_async(self) -> bool:
         return self.policy.rollout_mode == "async"
 
+    @property
+    def mode(self) -> str:
+        """How this loop calls the policy, in the words an error message uses."""
+        return f"rolloutMode {self.policy.rollout_mode}"
+
     def reset(self, seed: int | None = None) -> EnvRet:
         """Reset every env; the next fragment starts from fresh episodes."""
         self._current = self.env_group.reset(seed=seed)
+        self._current.mark_env_sent()
         self.env_group.pop_finished_episodes()
         return self._current
 
@@ -82,21 +104,97 @@ class RolloutWorker:
         recorder = self._begin(steps)
         for _ in range(steps):
             assert self._current is not None
-            response = await self._act_async(self._current)
-            self._advance(recorder, response)
+            self._advance(recorder, await self._act_async(self._current, {}))
         return self._finish(recorder)
 
     def _run_sync(self, steps: int) -> Fragment:
         recorder = self._begin(steps)
         for _ in range(steps):
             assert self._current is not None
-            response = self.policy._rollout(self._current)
-            self._advance(recorder, response)
+            self._advance(recorder, self._act_sync(self._current, {}))
         return self._finish(recorder)
 
-    async def _act_async(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
-        return await self.policy._rollout_async(env_ret, **kwargs)
+    # ------------------------------------------------------------------ asking the policy
+    def _requests(self, env_ret: EnvRet) -> list[EnvRet]:
+        """The per-env requests of a batched EnvRet (split once, reused by postprocess and the next step)."""
+        if self._split_of is not env_ret:
+            self._split_of, self._split = env_ret, env_ret.split()
+        return self._split
 
+    def _act_sync(self, env_ret: EnvRet, kwargs: dict[str, Any]) -> Acted:
+        if not self.per_env:
+            return self._batched(env_ret, self.policy._rollout(env_ret, **kwargs))
+        requests = self._requests(env_ret)
+        return self._per_env(requests, [self.policy._rollout(request, **kwargs) for request in requests])
+
+    async def _act_async(self, env_ret: EnvRet, kwargs: dict[str, Any]) -> Acted:
+        """Async mode: every env's request is in flight at once on the policy's event loop."""
+        if not self.per_env:
+            return self._batched(env_ret, await self.policy._rollout_async(env_ret, **kwargs))
+        requests = self._requests(env_ret)
+        results = await asyncio.gather(*(self.policy._rollout_async(r, **kwargs) for r in requests))
+        return self._per_env(requests, results)
+
+    def _per_env(self, requests: list[EnvRet], results: list[Any]) -> Acted:
+        return assemble_per_env(
+            requests,
+            results,
+            policy=type(self.policy).__name__,
+            mode=self.mode,
+            action_shape=self._action_shape,
+            action_space=self._action_space,
+            reserved=_ENV_KEYS,
+        )
+
+    def _batched(self, env_ret: EnvRet, result: Any) -> Acted:
+        return assemble_batched(
+            env_ret,
+            result,
+            policy=type(self.policy).__name__,
+            mode=self.mode,
+            num_envs=self.num_envs,
+            reserved=_ENV_KEYS,
+            warn=self._warn_once,
+        )
+
+    def _postprocess(self, next_ret: EnvRet, acted: Acted) -> dict[str, torch.Tensor]:
+        """``postprocess`` per env (or once, batched); the dicts it returns become fragment fields."""
+        source = f"{type(self.policy).__name__}.postprocess"
+        if not self.per_env:
+            extra = self.policy._postprocess(next_ret, acted.responses[0])
+            if isinstance(extra, Mapping):
+                return batched_rows(
+                    [(str(k), v) for k, v in extra.items()],
+                    source=source,
+                    num_envs=self.num_envs,
+                    reserved=_ENV_KEYS,
+                    warn=self._warn_once,
+                )
+            if extra is not None:
+                self._warn_once(
+                    "postprocess", f"{source} returned {type(extra).__name__}; only a dict is stored"
+                )
+            return {}
+        results = [
+            self.policy._postprocess(request, response)
+            for request, response in zip(self._requests(next_ret), acted.responses, strict=True)
+        ]
+        if all(result is None for result in results):
+            return {}
+        if not all(isinstance(result, Mapping) for result in results):
+            kinds = sorted({type(result).__name__ for result in results})
+            self._warn_once("postprocess", f"{source} returned {', '.join(kinds)}; only a dict is stored")
+            return {}
+        return stack_rows(
+            [{str(k): v for k, v in result.items()} for result in results], source=source, reserved=_ENV_KEYS
+        )
+
+    def _step_envs(self, action: torch.Tensor) -> EnvRet:
+        next_ret = self.env_group.step(action)
+        next_ret.mark_env_sent()
+        return next_ret
+
+    # ------------------------------------------------------------------ fragments
     def _begin(self, steps: int) -> _Recorder:
         if steps < 1:
             raise ValueError(f"a fragment needs at least one step, got {steps}")
@@ -104,40 +202,21 @@ class RolloutWorker:
             self.reset()
         return _Recorder(version=self.policy.weight_version)
 
-    def _advance(self, recorder: _Recorder, response: PolicyResponse) -> None:
+    def _advance(self, recorder: _Recorder, acted: Acted) -> None:
         assert self._current is not None
-        if "action" not in response:
-            raise ValueError(f"{type(self.policy).__name__}.rollout_step returned no 'action' field")
-        next_ret = self.env_group.step(response.action)
-        extra = self.policy._postprocess(next_ret, response)
+        next_ret = self._step_envs(acted.action)
+        extra = self._postprocess(next_ret, acted)
         row: dict[str, torch.Tensor] = {
             OBSERVATION: self._current.observation,
-            REWARD: next_ret.reward,
-            TERMINATED: next_ret.terminated,
-            TRUNCATED: next_ret.truncated,
+            REWARD: next_ret.last_reward,
+            TERMINATED: next_ret.last_terminated,
+            TRUNCATED: next_ret.last_truncated,
             NEXT_OBSERVATION: next_ret.get("final_observation", next_ret.observation),
         }
-        for key, value in response.items():
-            if key != "env_id":
-                self._put(row, key, value, source="rollout_step")
-        if isinstance(extra, Mapping):
-            for key, value in extra.items():
-                self._put(row, str(key), value, source="postprocess")
-        elif extra is not None:
-            self._warn_once(
-                "postprocess", f"postprocess returned {type(extra).__name__}; only a dict is stored"
-            )
+        for key, value in {**acted.fields, **extra}.items():
+            row[key] = value.to("cpu")
         recorder.rows.append(row)
         self._current = next_ret
-
-    def _put(self, row: dict[str, torch.Tensor], key: str, value: Any, *, source: str) -> None:
-        if key in _ENV_KEYS:
-            raise ValueError(f"{source} returned a field {key!r}, which the rollout loop writes itself")
-        if not isinstance(value, torch.Tensor) or value.ndim == 0 or value.shape[0] != self.num_envs:
-            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            self._warn_once(key, f"{source} field {key!r} ({shape}) has no row per env; not stored")
-            return
-        row[key] = value.detach().to("cpu")
 
     def _finish(self, recorder: _Recorder) -> Fragment:
         keys = recorder.rows[0].keys()
@@ -175,15 +254,15 @@ class RolloutWorker:
             return loop.run_until_complete(self._evaluate_async(episodes, seed, kwargs))
         tally = self._start_evaluation(episodes, seed)
         while not tally.complete:
-            tally.record(self.env_group.step(self.policy._rollout(tally.current, **kwargs).action))
+            tally.record(self._step_envs(self._act_sync(tally.current, kwargs).action))
         self.env_group.pop_finished_episodes()
         return tally.result()
 
     async def _evaluate_async(self, episodes: int, seed: int | None, kwargs: dict[str, Any]) -> EvalResult:
         tally = self._start_evaluation(episodes, seed)
         while not tally.complete:
-            response = await self.policy._rollout_async(tally.current, **kwargs)
-            tally.record(self.env_group.step(response.action))
+            acted = await self._act_async(tally.current, kwargs)
+            tally.record(self._step_envs(acted.action))
         self.env_group.pop_finished_episodes()
         return tally.result()
 
@@ -222,8 +301,8 @@ class _EpisodeTally:
         return all(len(done) >= q for done, q in zip(self.finished, self.quota, strict=True))
 
     def record(self, result: EnvRet) -> None:
-        done = (result.terminated | result.truncated).tolist()
-        for i, reward in enumerate(result.reward.tolist()):
+        done = (result.last_terminated | result.last_truncated).tolist()
+        for i, reward in enumerate(result.last_reward.tolist()):
             self.running_return[i] += reward
             self.running_length[i] += 1
             if done[i]:

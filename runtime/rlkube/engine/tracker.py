@@ -38,6 +38,7 @@ class RunTracker:
         self.started = now
         self.last_epoch_end = now
         self.consistent = True
+        self.fingerprint_checks = 0  # versions whose eval fingerprints were compared with the trainer's
         self.last_eval: float | None = self.evaluations[-1][2] if self.evaluations else None
 
     def start(self) -> RunStart:
@@ -82,6 +83,8 @@ class RunTracker:
             (self.env_steps, float(r), int(n)) for r, n in zip(episode_returns, episode_lengths, strict=True)
         )
         self.episodes.extend(new)
+        if fingerprints_consistent is not None:
+            self.fingerprint_checks += 1
         if fingerprints_consistent is False:
             self.consistent = False
         if eval_return is not None:
@@ -132,6 +135,7 @@ class RunTracker:
             weight_version=self.weight_version,
             stop_reason=stop_reason,
             fingerprints_consistent=self.consistent,
+            fingerprint_checks=self.fingerprint_checks,
             eval_return=self.last_eval,
             episodes=len(self.episodes),
             target_return=self.target_return,

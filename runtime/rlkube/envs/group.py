@@ -1,4 +1,7 @@
-"""EnvGroup: ``numEnvs`` copies of one gymnasium env stepped as a batch, speaking EnvRet.
+"""EnvGroup: ``numEnvs`` copies of one gymnasium env stepped as a batch, speaking batched EnvRets.
+
+Env ``i`` of eval replica ``r`` has the id ``"r-i"``; the rollout loop splits each batched EnvRet
+into one request per env unless the policy declares batched requests (``rlkube.engine.rollout``).
 
 I/O: creates environments (in-process, or in subprocesses with ``vectorization: async``). The
 group uses gymnasium's same-step autoreset: when an env's episode ends at a step, the EnvRet of
@@ -84,6 +87,7 @@ class EnvGroup:
         imports: Iterable[str] = (),
         seed: int = 0,
         clip_actions: bool = True,
+        replica: int = 0,
     ) -> None:
         if num_envs < 1:
             raise EnvError(f"spec.env.numEnvs: got {num_envs}, expected at least 1")
@@ -109,7 +113,8 @@ class EnvGroup:
             raise EnvError(f"spec.env.kwargs: {env_id} refused them: {exc}") from exc
         self.single_observation_space = self.envs.single_observation_space
         self.single_action_space = self.envs.single_action_space
-        self._env_id_tensor = torch.arange(num_envs)
+        #: ``"<replica>-<index>"``: unique within a job, stable across restarts of the replica.
+        self.env_ids: list[str] = [f"{replica}-{i}" for i in range(num_envs)]
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
         self._finished_returns: list[float] = []
@@ -127,6 +132,7 @@ class EnvGroup:
             vectorization=env.vectorization,
             imports=env.imports,
             seed=replica_seed(base_seed, replica_index, env.num_envs),
+            replica=replica_index,
         )
 
     @property
@@ -152,7 +158,15 @@ class EnvGroup:
                 max_episode_steps=self._max_episode_steps,
             )
         obs = torch.as_tensor(np.asarray(observation))
-        return EnvRet(env_id=self._env_id_tensor, observation=obs, info=info, final_observation=obs)
+        return EnvRet(
+            env_id=list(self.env_ids),
+            observation=obs,
+            last_reward=torch.zeros(self.num_envs),
+            last_terminated=torch.zeros(self.num_envs, dtype=torch.bool),
+            last_truncated=torch.zeros(self.num_envs, dtype=torch.bool),
+            info=info,
+            final_observation=obs,
+        )
 
     def step(self, action: Any) -> EnvRet:
         """Step every env with its row of ``action``; ended episodes restart within this step."""
@@ -173,11 +187,11 @@ class EnvGroup:
             self._episode_return[i] = 0.0
             self._episode_length[i] = 0
         return EnvRet(
-            env_id=self._env_id_tensor,
+            env_id=list(self.env_ids),
             observation=obs,
-            reward=torch.as_tensor(np.asarray(reward, dtype=np.float32)),
-            terminated=torch.as_tensor(np.asarray(terminated, dtype=bool)),
-            truncated=torch.as_tensor(np.asarray(truncated, dtype=bool)),
+            last_reward=torch.as_tensor(np.asarray(reward, dtype=np.float32)),
+            last_terminated=torch.as_tensor(np.asarray(terminated, dtype=bool)),
+            last_truncated=torch.as_tensor(np.asarray(truncated, dtype=bool)),
             info=info,
             final_observation=final,
         )

@@ -1,15 +1,26 @@
 """What flows between environments and policies: EnvMeta, EnvRet and PolicyResponse.
 
-Pure: no I/O. An :class:`EnvRet` covers every env of one EnvGroup at once (a batch along the
-first dimension, ``env_id`` naming each row), which is how RLightning's batched requests reach
-``rollout_step``. A :class:`PolicyResponse` takes ``env_id`` first and any other fields as
-keywords; every field is carried through the trajectory plane into ``update_dataset``.
+Pure: no I/O. As in RLightning, an :class:`EnvRet` is one environment's result and one request to
+an eval policy: ``env_id`` (a string), the ``observation`` exactly as that env produced it (no
+batch dimension), ``last_reward``, ``last_terminated``, ``last_truncated`` (of the step that
+produced the observation), that env's ``info``, and extra fields given as keywords (the rollout
+loop adds ``final_observation``). A policy that declares batched requests
+(``request_mode = RequestMode.BATCHED``, see ``rlkube.policy.base``) instead receives one EnvRet for
+every env of the group: ``env_id`` is the list of their ids and every tensor field has one row per
+env (``observation [N, ...]``, ``last_reward [N]``, ...); :meth:`EnvRet.split` turns such a batch
+into the per-env requests.
+
+A :class:`PolicyResponse` takes ``env_id`` first and any other fields as keywords; every tensor
+field is carried through the trajectory plane into ``update_dataset``. Both types have RLightning's
+timing helpers (``mark_env_sent``/``mark_policy_sent``, ``compute_sent_latency``) and device helpers
+(``to``, ``cpu``, ``cuda``, ``numpy``). ``reward``, ``terminated`` and ``truncated`` are read-only
+aliases of the ``last_*`` fields.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,14 +28,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+_ALIASES = {"reward": "last_reward", "terminated": "last_terminated", "truncated": "last_truncated"}
+
 
 def _to_tensor(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, np.ndarray):
+    """numpy arrays become tensors (zero-copy); everything else is kept as given."""
+    if isinstance(value, np.ndarray) and value.dtype != object:
         return torch.from_numpy(value)
-    if isinstance(value, bool | int | float):
-        return torch.as_tensor(value)
     return value
 
 
@@ -61,14 +71,18 @@ class EnvMeta:
 
 
 class _Fields:
-    """Dynamic tensor fields with device helpers shared by EnvRet and PolicyResponse."""
+    """Dynamic fields with timing and device helpers shared by EnvRet and PolicyResponse."""
 
     _fields: dict[str, Any]
+    _sent_ns: int | None
 
     def __getattr__(self, name: str) -> Any:
         fields = self.__dict__.get("_fields", {})
         if name in fields:
             return fields[name]
+        alias = _ALIASES.get(name)
+        if alias is not None and alias in fields:
+            return fields[alias]
         raise AttributeError(f"{type(self).__name__} has no field {name!r} (fields: {', '.join(fields)})")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -90,8 +104,27 @@ class _Fields:
         return list(self._fields.items())
 
     def get(self, name: str, default: Any = None) -> Any:
-        return self._fields.get(name, default)
+        return self._fields.get(name, self._fields.get(_ALIASES.get(name, ""), default))
 
+    # ------------------------------------------------------------------ timing (RLightning's probes)
+    @property
+    def ts_env_sent_ns(self) -> int | None:
+        """``time.monotonic_ns()`` when the sender marked this object sent (None until then)."""
+        return self._sent_ns
+
+    def mark_env_sent(self) -> None:
+        object.__setattr__(self, "_sent_ns", time.monotonic_ns())
+
+    def mark_policy_sent(self) -> None:
+        object.__setattr__(self, "_sent_ns", time.monotonic_ns())
+
+    def compute_sent_latency(self) -> float:
+        """Seconds since this object was marked sent (0.0 if it never was)."""
+        if self._sent_ns is None:
+            return 0.0
+        return (time.monotonic_ns() - self._sent_ns) / 1e9
+
+    # ------------------------------------------------------------------ devices
     def _replace(self, fn: str, *args: Any) -> Any:
         clone = object.__new__(type(self))
         object.__setattr__(clone, "_fields", {k: _move(v, fn, *args) for k, v in self._fields.items()})
@@ -110,14 +143,25 @@ class _Fields:
         """Move to CUDA when it exists; on a CPU-only machine this is the identity (as the hooks expect)."""
         return self._replace("cuda") if torch.cuda.is_available() else self
 
-    def numpy(self) -> dict[str, Any]:
-        return {k: _numpy(v) for k, v in self._fields.items()}
+    def numpy(self) -> Any:
+        """A copy whose tensors are numpy arrays (RLightning's ``numpy()``); other fields as they are."""
+        clone = self._replace("cpu")
+        object.__setattr__(clone, "_fields", {k: _numpy(v) for k, v in clone._fields.items()})
+        return clone
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._fields)
 
     def to_tensordict(self, batch_size: tuple[int, ...] | None = None) -> TensorDict:
         tensors = {k: v for k, v in self._fields.items() if isinstance(v, torch.Tensor | TensorDict)}
         if batch_size is None:
             env_id = self._fields.get("env_id")
-            batch_size = (int(env_id.shape[0]),) if isinstance(env_id, torch.Tensor) and env_id.ndim else ()
+            if isinstance(env_id, list | tuple):
+                batch_size = (len(env_id),)
+            elif isinstance(env_id, torch.Tensor) and env_id.ndim:
+                batch_size = (int(env_id.shape[0]),)
+            else:
+                batch_size = ()
         return TensorDict(tensors, batch_size=batch_size)
 
     def __repr__(self) -> str:
@@ -130,36 +174,47 @@ class _Fields:
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
-class EnvRet(_Fields):
-    """One step's result for every env of a group: ``observation`` [N, ...], ``reward`` [N], ...
+_STANDARD = ("env_id", "observation", "last_reward", "last_terminated", "last_truncated")
 
-    ``terminated``/``truncated`` refer to the step that produced this observation; for envs that
-    just ended, ``observation`` is already the first observation of the next episode and
-    ``final_observation`` holds the last one of the episode that ended. ``EnvGroup`` sends
-    ``final_observation`` as a full ``[N, ...]`` tensor (rows of envs that did not end repeat
-    ``observation``), so it is always the true next observation of the step.
+
+class EnvRet(_Fields):
+    """One env's result (one request), or with batched requests every env's; see the module docstring.
+
+    For an env whose episode just ended, ``observation`` is already the first observation of its
+    next episode and ``final_observation`` holds the last one of the episode that ended (for other
+    envs ``final_observation`` is ``observation``), so it is always the true next observation.
     """
 
     def __init__(
         self,
         env_id: Any,
         observation: Any,
-        reward: Any = None,
-        terminated: Any = None,
-        truncated: Any = None,
-        info: dict[str, Any] | None = None,
+        last_reward: Any = 0.0,
+        last_terminated: Any = False,
+        last_truncated: Any = False,
+        info: Mapping[str, Any] | None = None,
+        _extra: Mapping[str, Any] | None = None,
+        ts_env_sent_ns: int | None = None,
         **extra: Any,
     ) -> None:
         object.__setattr__(self, "_fields", {})
-        object.__setattr__(self, "_sent_at", time.monotonic())
+        object.__setattr__(self, "_sent_ns", ts_env_sent_ns)
+        for alias, name in _ALIASES.items():  # EnvRet(reward=...) as rlkube spelled it before
+            if alias in extra:
+                value = extra.pop(alias)
+                if name == "last_reward":
+                    last_reward = value
+                elif name == "last_terminated":
+                    last_terminated = value
+                else:
+                    last_truncated = value
         self.env_id = env_id
         self.observation = observation
-        n = int(self._fields["env_id"].shape[0]) if self._fields["env_id"].ndim else 1
-        self.reward = torch.zeros(n) if reward is None else reward
-        self.terminated = torch.zeros(n, dtype=torch.bool) if terminated is None else terminated
-        self.truncated = torch.zeros(n, dtype=torch.bool) if truncated is None else truncated
-        object.__setattr__(self, "_info", info or {})
-        for key, value in extra.items():
+        self.last_reward = last_reward
+        self.last_terminated = last_terminated
+        self.last_truncated = last_truncated
+        object.__setattr__(self, "_info", dict(info or {}))
+        for key, value in {**dict(_extra or {}), **extra}.items():
             setattr(self, key, value)
 
     @property
@@ -167,23 +222,110 @@ class EnvRet(_Fields):
         return self._info
 
     @property
-    def done(self) -> torch.Tensor:
-        return self.terminated | self.truncated
+    def extra(self) -> dict[str, Any]:
+        """The fields beyond RLightning's standard ones (e.g. ``final_observation``)."""
+        return {k: v for k, v in self._fields.items() if k not in _STANDARD}
 
-    def compute_sent_latency(self) -> float:
-        """Seconds since this result was produced (RLightning's transfer-latency probe)."""
-        return time.monotonic() - self._sent_at
+    @property
+    def _extra(self) -> dict[str, Any]:  # RLightning's attribute name
+        return self.extra
+
+    @property
+    def done(self) -> Any:
+        if isinstance(self.last_terminated, torch.Tensor):
+            return self.last_terminated | torch.as_tensor(self.last_truncated)
+        return bool(self.last_terminated) or bool(self.last_truncated)
+
+    @property
+    def is_batch(self) -> bool:
+        """True for a batched request (every env of a group), False for one env's."""
+        env_id = self._fields["env_id"]
+        return isinstance(env_id, list | tuple) or (isinstance(env_id, torch.Tensor) and env_id.ndim > 0)
+
+    @property
+    def env_ids(self) -> list[str]:
+        """The ids as a list of strings (one element for a single env's request)."""
+        env_id = self._fields["env_id"]
+        if isinstance(env_id, torch.Tensor):
+            return [str(v) for v in env_id.reshape(-1).tolist()]
+        if isinstance(env_id, list | tuple):
+            return [str(v) for v in env_id]
+        return [str(env_id)]
+
+    def split(self) -> list[EnvRet]:
+        """A batched EnvRet as one request per env: row ``i`` of every field, that env's info."""
+        if not self.is_batch:
+            return [self]
+        ids = self.env_ids
+        n = len(ids)
+        rewards = _column(self.last_reward, n, float)
+        terminated = _column(self.last_terminated, n, bool)
+        truncated = _column(self.last_truncated, n, bool)
+        extra = self.extra
+        return [
+            EnvRet(
+                env_id,
+                _row(self.observation, i, n),
+                last_reward=rewards[i],
+                last_terminated=terminated[i],
+                last_truncated=truncated[i],
+                info=info_row(self._info, i),
+                ts_env_sent_ns=self._sent_ns,
+                **{key: _row(value, i, n) for key, value in extra.items()},
+            )
+            for i, env_id in enumerate(ids)
+        ]
+
+
+def _column(value: Any, n: int, kind: type) -> list[Any]:
+    if isinstance(value, torch.Tensor | np.ndarray) and value.ndim:
+        return [kind(v) for v in value.tolist()]
+    return [kind(value)] * n
+
+
+def _row(value: Any, i: int, n: int) -> Any:
+    if isinstance(value, torch.Tensor | np.ndarray) and value.ndim and value.shape[0] == n:
+        return value[i]
+    return value
+
+
+def info_row(info: Mapping[str, Any], i: int) -> dict[str, Any]:
+    """Env ``i``'s entries of a gymnasium vector-env info dict (``_key`` masks say which are set)."""
+    row: dict[str, Any] = {}
+    for key, value in info.items():
+        if key.startswith("_"):
+            continue
+        mask = info.get(f"_{key}")
+        if mask is not None and not bool(np.asarray(mask)[i]):
+            continue
+        if isinstance(value, Mapping):
+            row[key] = info_row(value, i)
+        elif isinstance(value, np.ndarray | torch.Tensor) and value.ndim:
+            row[key] = value[i]
+        else:
+            row[key] = value
+    return row
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
 
 
 class PolicyResponse(_Fields):
-    """A policy's answer: ``env_id`` first, then any fields (``action``, ``log_prob``, ``value``, ...)."""
+    """A policy's answer: ``env_id`` first (``env_ret.env_id``), then any fields (``action``, ...)."""
 
-    def __init__(self, env_id: Any, **fields: Any) -> None:
+    def __init__(self, env_id: Any = _MISSING, **fields: Any) -> None:
+        if env_id is _MISSING or env_id is None:
+            raise TypeError(
+                "PolicyResponse needs env_id as its first argument: "
+                "PolicyResponse(env_id=env_ret.env_id, action=..., ...)"
+            )
         object.__setattr__(self, "_fields", {})
-        object.__setattr__(self, "_sent_at", None)
+        object.__setattr__(self, "_sent_ns", None)
         self.env_id = env_id
         for key, value in fields.items():
             setattr(self, key, value)
-
-    def mark_policy_sent(self) -> None:
-        object.__setattr__(self, "_sent_at", time.monotonic())

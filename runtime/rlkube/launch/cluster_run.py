@@ -23,9 +23,10 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.run_paths import RunPaths
+from rlkube.failure import format_console
 from rlkube.jobfile import dump_job
 from rlkube.launch.local import Layout, Outcome, Ports, Supervisor, supervise
-from rlkube.launch.results import fresh_run_dir, print_result, summary_from_json
+from rlkube.launch.results import fresh_run_dir, print_result, summary_from_json, write_failure_summary
 from rlkube.spec import RLJob
 
 SHM_ROOT = Path("/dev/shm")
@@ -119,6 +120,10 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
 def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int:
     if outcome.code != 0:
         print(f"rlkube: {outcome.message}", file=sys.stderr)
+        if outcome.failure is not None:
+            print(f"rlkube: the run failed: {format_console(outcome.failure)}", file=sys.stderr)
+        if outcome.code != 130:
+            write_failure_summary(paths, outcome.failure, outcome.message, extra_summary)
         return outcome.code
     data = json.loads(paths.summary.read_text())
     if extra_summary is not None:

@@ -9,11 +9,14 @@ simulated node. The supervisor then behaves like the StatefulSet controller plus
 - a train rank that fails takes the whole train group down and up again: every rank resumes
   from the newest checkpoint; what counts against ``runPolicy.backoffLimit`` and when
   ``activeDeadlineSeconds`` is due are :mod:`rlkube.run_policy`'s decisions, the operator's too;
+- an eval worker that keeps failing fails the job once it was restarted more than
+  ``runPolicy.evalBackoffLimit`` times (a scale-down is not a failure);
 - the job is finished when rank 0 writes the completion marker (``checkpoints/COMPLETE.json``,
   as in a pod every rank then idles until stopped): everything is stopped.
 
 Ctrl-C (or SIGTERM) stops every process (SIGTERM, then SIGKILL after the grace period) and
-removes the shm directories. A failure exits non-zero with the failing process's last lines.
+removes the shm directories. A failure exits non-zero with the failing process's last lines and
+the :class:`~rlkube.failure.Failure` read from the traceback it printed (``Outcome.failure``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rlkube import contract, run_policy
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
 from rlkube.engine.run_paths import RunPaths
+from rlkube.failure import Failure, failure_from_log
 from rlkube.launch.processes import RestartBackOff, free_port, signal_group, spawn, tail
 from rlkube.run_policy import RestartLedger
 from rlkube.spec import RLJob
@@ -164,6 +168,17 @@ class Proc:
 class Outcome:
     code: int
     message: str = ""
+    failure: Failure | None = None  # why, when a process failed: exception, message, the policy's frame
+
+
+def last_failure(proc: Proc) -> Failure | None:
+    """The failure in the traceback ``proc`` printed since it was last started (None if it printed none)."""
+    try:
+        text = proc.log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    marker = f"==== {proc.name} started at "
+    return failure_from_log(text[text.rfind(marker) :] if marker in text else text, pod=proc.name)
 
 
 @dataclass
@@ -180,7 +195,8 @@ class Supervisor:
     eval_restarts: int = 0
     started_at: datetime | None = None
     _eval_retry_at: dict[int, float] = field(default_factory=dict)
-    _eval_failures: dict[int, int] = field(default_factory=dict)
+    _eval_crash_loop: dict[int, int] = field(default_factory=dict)  # consecutive failures: the back-off
+    _eval_failures: dict[int, int] = field(default_factory=dict)  # restarts per eval replica
 
     @property
     def train_restarts(self) -> int:
@@ -250,11 +266,22 @@ class Supervisor:
             del self.evals[index]
             if proc.stopping:
                 continue
+            failures = self._eval_failures[index] = self._eval_failures.get(index, 0) + 1
+            limit = self.layout.job.spec.run_policy.eval_backoff_limit
+            if run_policy.backoff_exceeded(failures, limit) and not self.complete_marker().exists():
+                failure = last_failure(proc)
+                return Outcome(
+                    1,
+                    f"{proc.name} exited with code {code} {failures} times; eval backoff limit {limit} "
+                    f"reached (runPolicy.evalBackoffLimit).\n--- last lines of {proc.log_path}:\n"
+                    f"{tail(proc.log_path)}",
+                    failure,
+                )
             self.eval_restarts += 1
             ran_for = now - proc.started_at
-            failures = EVAL_BACKOFF.failures_after_exit(self._eval_failures.get(index, 0), ran_for)
-            self._eval_failures[index] = failures
-            self._eval_retry_at[index] = now + EVAL_BACKOFF.delay(failures)
+            in_a_row = EVAL_BACKOFF.failures_after_exit(self._eval_crash_loop.get(index, 0), ran_for)
+            self._eval_crash_loop[index] = in_a_row
+            self._eval_retry_at[index] = now + EVAL_BACKOFF.delay(in_a_row)
         if self.complete_marker().exists():
             return Outcome(0)
         deadline = self.layout.job.spec.run_policy.active_deadline_seconds
@@ -273,6 +300,7 @@ class Supervisor:
                     f"{culprit.name} exited with code {culprit.popen.returncode}; "
                     f"{run_policy.backoff_message(ledger.group_restarts, limit)}."
                     f"\n--- last lines of {culprit.log_path}:\n{lines}",
+                    last_failure(culprit),
                 )
             self.restart_ledger = ledger
             self.stop_processes(list(self.train.values()))

@@ -7,6 +7,7 @@ imports the other.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from rlkube.engine.report import RunSummary
 from rlkube.engine.run_paths import RunPaths
+from rlkube.failure import Failure
 
 
 def fresh_run_dir(job_name: str) -> RunPaths:
@@ -61,3 +63,21 @@ def print_result(summary: RunSummary, paths: RunPaths, extra_summary: Path | Non
         f"  summary     {paths.summary}" + (f" and {extra_summary}" if extra_summary else ""),
     ]
     print("\n".join(lines), flush=True)
+
+
+def write_failure_summary(
+    paths: RunPaths, failure: Failure | None, message: str, extra_summary: Path | None = None
+) -> None:
+    """``summary.json`` of a failed run: ``stop_reason: failed`` and the failure (exception, frame)."""
+    data = {
+        "run_dir": str(paths.run_dir),
+        "stop_reason": "failed",
+        "failure": failure.to_json() if failure is not None else None,
+        "message": failure.message if failure is not None else message.splitlines()[0] if message else "",
+    }
+    text = json.dumps(data, indent=2) + "\n"
+    paths.summary.parent.mkdir(parents=True, exist_ok=True)
+    paths.summary.write_text(text)
+    if extra_summary is not None:
+        extra_summary.parent.mkdir(parents=True, exist_ok=True)
+        extra_summary.write_text(text)

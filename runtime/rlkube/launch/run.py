@@ -7,7 +7,8 @@ has started), 1 the run failed, 130 interrupted.
 Everything that can be refused is checked before the run directory is created. By default the
 job runs as a local cluster (``rlkube.launch.cluster_run``: train ranks and eval workers as
 processes with the pod env contract); ``--in-process`` runs both roles in this process
-(``InProcessEngine``), which is the quickest way to debug a policy.
+(``rlkube.launch.in_process``: the cluster's own engine and eval worker), the quickest way to
+debug a policy.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from pathlib import Path
 from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
 from rlkube.engine.run_paths import RunPaths
 from rlkube.envs.group import EnvError, check_env_id
+from rlkube.failure import describe_exception, format_console
 from rlkube.jobfile import dump_job, load_job
 from rlkube.launch.cluster_run import run_local_cluster
 from rlkube.launch.in_process import InProcessRun
 from rlkube.launch.progress import LiveProgress, PlainProgress
-from rlkube.launch.results import fresh_run_dir, print_result
+from rlkube.launch.results import fresh_run_dir, print_result, write_failure_summary
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.policy.registry import POLICIES, import_modules
 from rlkube.spec import RLJob, SpecError
@@ -50,7 +52,7 @@ def resolve_policy(job: RLJob) -> type[BasePolicy]:
     modules = [*job.spec.imports, *([job.spec.policy.module] if job.spec.policy.module else [])]
     import_modules(modules)
     try:
-        cls = POLICIES.get(job.spec.policy.type)
+        cls = POLICIES.get(job.spec.policy.type, imported=modules)
     except KeyError as exc:
         raise KeyError(f"spec.policy.type: {exc.args[0]}") from None
     if not (isinstance(cls, type) and issubclass(cls, BasePolicy)):
@@ -112,7 +114,9 @@ def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Name
         return 130
     except Exception as exc:
         traceback.print_exc()
-        print(f"rlkube: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        failure = describe_exception(exc)
+        print(f"rlkube: the run failed: {format_console(failure)}", file=sys.stderr)
+        write_failure_summary(paths, failure, str(exc), args.summary)
         return EXIT_FAILED
     print_result(summary, paths, args.summary)
     return EXIT_OK

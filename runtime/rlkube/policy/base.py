@@ -13,6 +13,24 @@ rollout gate, then commits it inside the gate (the sync idle gate, or the async 
 that stops new requests and waits for in-flight ones, see ``rlkube.policy.gates``), so rollouts
 are blocked only for the pointer swap and a commit never overlaps a rollout step.
 
+Requests: by default ``rollout_step`` serves one env per call, as in RLightning: it receives one
+env's :class:`~rlkube.envs.types.EnvRet` (``env_id`` a string, the observation without a batch
+dimension) and returns that env's :class:`~rlkube.envs.types.PolicyResponse`; with ``rolloutMode:
+async`` the requests of every env are in flight together on the policy's event loop (behind the
+admission gate; ``get_num_requests()`` counts them). A policy that handles every env of a group in
+one call declares ``request_mode = RequestMode.BATCHED`` (the built-in PPO does): its EnvRet
+holds ``[N, ...]`` rows and its response must have one row per env. ``rlkube.engine.rollout``
+turns both into the same ``[num_envs, T]`` fragments.
+
+DDP: the default ``wrap_with_ddp`` wraps every model of ``model_list`` with
+``find_unused_parameters=ddp_find_unused_parameters`` (True by default, as RLightning does, so a
+head that a step does not use does not stop training; a policy whose steps use every parameter may
+set it False and save DDP a graph traversal per step).
+
+Checkpoints: a policy that overrides ``save_checkpoint`` but not ``load_checkpoint`` still
+resumes: the checkpoint store then also writes the framework's own copy of ``model_list``
+(:meth:`BasePolicy.save_models`) and resumes from it.
+
 Note: ``train`` is the training step, as in RLightning; never call ``policy.eval()`` or
 ``policy.train(False)`` on a policy itself (call them on its models).
 """
@@ -29,7 +47,7 @@ import time
 from abc import ABC, abstractmethod
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -50,6 +68,13 @@ logger = logging.getLogger(__name__)
 class PolicyRole(StrEnum):
     TRAIN = "train"
     EVAL = "eval"
+
+
+class RequestMode(StrEnum):
+    """What one ``rollout_step`` call serves (a policy's class attribute ``request_mode``)."""
+
+    PER_ENV = "per_env"  #: one env's EnvRet per call, as in RLightning (the default)
+    BATCHED = "batched"  #: every env of the group in one call: [N, ...] rows in, one row per env out
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -77,6 +102,11 @@ def set_nested_attr(obj: Any, path: str, value: Any) -> None:
 
 class BasePolicy(nn.Module, ABC):
     """Abstract base of every policy; see the module docstring for the life cycle."""
+
+    #: One env per ``rollout_step`` call (RLightning's model), or every env of the group at once.
+    request_mode: ClassVar[RequestMode] = RequestMode.PER_ENV
+    #: Passed to DDP by the default ``wrap_with_ddp`` (RLightning's default: True).
+    ddp_find_unused_parameters: ClassVar[bool] = True
 
     def __init__(self, config: PolicySpec, role_type: PolicyRole | str) -> None:
         super().__init__()
@@ -121,11 +151,11 @@ class BasePolicy(nn.Module, ABC):
 
     @abstractmethod
     def rollout_step(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
-        """Inference for a batch of envs; define as ``async def`` when ``rolloutMode`` is async."""
+        """Inference for one env's request (or, with batched requests, every env's); may be ``async def``."""
 
     @abstractmethod
     def postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
-        """Called after each env step with the new EnvRet; a returned dict is stored with the step."""
+        """Called after each env step with that env's new EnvRet and its response; a dict is stored."""
 
     @abstractmethod
     def update_dataset(self, data: TensorDict) -> None:
@@ -229,10 +259,16 @@ class BasePolicy(nn.Module, ABC):
             if isinstance(model, DDP):
                 wrapped.append((name, model))
                 continue
+            unused = self.ddp_find_unused_parameters
             if use_cuda:
-                ddp = DDP(model.cuda(gpu_id), device_ids=[gpu_id], process_group=process_group)
+                ddp = DDP(
+                    model.cuda(gpu_id),
+                    device_ids=[gpu_id],
+                    process_group=process_group,
+                    find_unused_parameters=unused,
+                )
             else:
-                ddp = DDP(model, process_group=process_group)
+                ddp = DDP(model, process_group=process_group, find_unused_parameters=unused)
             set_nested_attr(self, name, ddp)
             wrapped.append((name, ddp))
         self.model_list = wrapped
@@ -270,8 +306,10 @@ class BasePolicy(nn.Module, ABC):
         try:
             with torch.inference_mode():
                 result: Any = self.rollout_step(env_ret.to(self.device), **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
+            if inspect.iscoroutine(result):
+                result = await _InInferenceMode(result)
+            elif inspect.isawaitable(result):
+                result = await result
             return result
         finally:
             self._admission.leave()
@@ -434,16 +472,50 @@ class BasePolicy(nn.Module, ABC):
     # ------------------------------------------------------------------ framework: checkpoints
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Save the models of ``model_list`` (DDP unwrapped, copied to CPU); override for more."""
+        self.save_models(path)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Inverse of the default ``save_checkpoint``."""
+        self.load_models(path)
+
+    def save_models(self, path: str | os.PathLike[str]) -> None:
+        """The framework's own copy of ``model_list``: ``{name: state_dict}`` (DDP unwrapped, on CPU)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         state = {name: clone_to_cpu(unwrap(model).state_dict()) for name, model in self.model_list}
         torch.save(state, target)
 
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Inverse of the default ``save_checkpoint``."""
+    def load_models(self, path: str | os.PathLike[str]) -> None:
+        """Load a file written by :meth:`save_models`; a missing model is named, with the fix."""
         state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        if not isinstance(state, dict):
+            state = {}
+        missing = [name for name, _ in self.model_list if name not in state]
+        if missing:
+            hint = (
+                f" ({type(self).__name__} overrides save_checkpoint: "
+                "define load_checkpoint to read what it writes)"
+                if self.saves_custom_checkpoints()
+                else ""
+            )
+            raise ValueError(
+                f"{path}: no state for model(s) {', '.join(map(repr, missing))} "
+                f"(the file has {sorted(map(str, state))}){hint}"
+            )
         for name, model in self.model_list:
             unwrap(model).load_state_dict(state[name])
+
+    @classmethod
+    def saves_custom_checkpoints(cls) -> bool:
+        """True when the class overrides ``save_checkpoint`` but not ``load_checkpoint``.
+
+        The default loader cannot know what such a ``save_checkpoint`` wrote, so checkpoints of these
+        policies also hold :meth:`save_models`'s copy and resume from it.
+        """
+        return (
+            cls.save_checkpoint is not BasePolicy.save_checkpoint
+            and cls.load_checkpoint is BasePolicy.load_checkpoint
+        )
 
     def optimizers(self) -> dict[str, Any]:
         """Attributes holding optimizers or LR schedulers, by name (checkpointed by the engine)."""
@@ -467,6 +539,35 @@ class BasePolicy(nn.Module, ABC):
             logger.debug("%-28s count=%s total=%.6fs", name, stats.get("count"), stats.get("total", 0.0))
         if reset:
             self.timing_raw = {}
+
+
+class _InInferenceMode:
+    """Await a coroutine with inference mode on while it runs, and off while it is suspended.
+
+    Inference mode is per thread; requests of several envs are in flight on one event loop, so a
+    ``with torch.inference_mode():`` held across an ``await`` would be entered and left by
+    interleaved requests in the wrong order and leave it switched on for the whole thread. Each
+    step of the coroutine runs inside its own ``with`` instead.
+    """
+
+    def __init__(self, coro: Any) -> None:
+        self.coro = coro
+
+    def __await__(self) -> Any:
+        coro = self.coro
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                with torch.inference_mode():
+                    yielded = coro.throw(error) if error is not None else coro.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                value = yield yielded
+            except BaseException as exc:  # cancellation or a failed future: into the coroutine
+                error = exc
 
 
 def _dp_world_size() -> int:

@@ -42,7 +42,8 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def get(self, name: str) -> T:
+    def get(self, name: str, *, imported: Iterable[str] = ()) -> T:
+        """The class registered as ``name``; ``imported`` (the job's modules) sharpens the error."""
         try:
             return self._entries[name]
         except KeyError:
@@ -51,8 +52,28 @@ class Registry(Generic[T]):
             known = ", ".join(sorted(self._entries)) or "none"
             raise KeyError(
                 f"no {self.kind} named {name!r} is registered (registered: {known}){hint}. "
-                f"If it lives in your own module, list that module in spec.imports or spec.policy.module."
+                + self._where_to_look(list(imported))
             ) from None
+
+    def registered_by(self, module: str) -> list[str]:
+        """Names registered by classes defined in ``module``."""
+        return sorted(k for k, v in self._entries.items() if getattr(v, "__module__", None) == module)
+
+    def _where_to_look(self, imported: list[str]) -> str:
+        if not imported:
+            return "If it lives in your own module, list that module in spec.imports or spec.policy.module."
+        silent = [m for m in imported if not self.registered_by(m)]
+        others = {m: self.registered_by(m) for m in imported if self.registered_by(m)}
+        parts = []
+        if silent:
+            parts.append(
+                f"{', '.join(map(repr, silent))} imported but registered no {self.kind}: decorate the class "
+                f'with @POLICIES.register("Name"), POLICIES imported from rlkube.utils.registry '
+                "(or rlkube.policy), in that module itself"
+            )
+        for module, names in others.items():
+            parts.append(f"{module!r} registered {', '.join(map(repr, names))}")
+        return "; ".join(parts) + "."
 
     def build(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return self.get(name)(*args, **kwargs)  # type: ignore[operator]

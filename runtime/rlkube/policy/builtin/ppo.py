@@ -1,6 +1,8 @@
 """The built-in ``PPO`` policy (``spec.policy.type: PPO``): CleanRL's PPO on rlkube's BasePolicy.
 
-``update_dataset`` receives this rank's ``[rows, T]`` share of the epoch's fragments, recomputes
+PPO declares batched requests (``request_mode = RequestMode.BATCHED``): ``rollout_step`` gets every
+env of the group in one call. ``update_dataset`` receives this rank's ``[rows, T]`` share of the
+epoch's fragments, recomputes
 V(observation) and V(next_observation) with the current critic and computes GAE per row (see
 ``ppo_math``). ``train`` runs ``updateEpochs`` passes of shuffled minibatches. ``spec.train.batchSize``
 is the *global* minibatch: with W DDP ranks each rank takes ``batchSize // W`` rows from its own
@@ -23,7 +25,7 @@ from torch import nn
 
 from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED, TRUNCATED
 from rlkube.envs.types import EnvRet, PolicyResponse
-from rlkube.policy.base import BasePolicy, PolicyRole, unwrap
+from rlkube.policy.base import BasePolicy, PolicyRole, RequestMode, unwrap
 from rlkube.policy.builtin.actor_critic import ActorCritic
 from rlkube.policy.builtin.ppo_config import PPOAlgoConfig, PPOModelConfig, PPOOptimConfig, parse_section
 from rlkube.policy.builtin.ppo_math import clipped_surrogate, explained_variance, gae, normalize, value_loss
@@ -33,6 +35,11 @@ from rlkube.policy.registry import POLICIES
 @POLICIES.register("PPO")
 class PPO(BasePolicy):
     """Clipped-surrogate PPO with an MLP actor-critic; see the module docstring."""
+
+    #: PPO's rollout_step is written for every env of the group at once (rlkube's fast path).
+    request_mode = RequestMode.BATCHED
+    #: Every step uses the actor and the critic: DDP needs no search for unused parameters.
+    ddp_find_unused_parameters = False
 
     def __init__(self, config: Any, role_type: PolicyRole | str) -> None:
         super().__init__(config, role_type)
