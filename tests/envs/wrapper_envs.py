@@ -70,3 +70,28 @@ class DoubleObservation(gym.ObservationWrapper):  # type: ignore[type-arg]
 @register_wrapper("double_obs")
 def double_obs(env: gym.Env, factor: float = 2.0) -> gym.Env:
     return DoubleObservation(env, factor)
+
+
+class FramesEnv(gym.Env):
+    """84x84 RGB uint8 frames (HWC), 4 actions, reward 1 for action 1, episodes of 5 steps."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, shape=(84, 84, 3), dtype=np.uint8)
+        self.action_space = gym.spaces.Discrete(4)
+        self._t = 0
+
+    def _frame(self) -> np.ndarray:
+        return self.np_random.integers(0, 256, size=(84, 84, 3), dtype=np.uint8)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._frame(), {}
+
+    def step(self, action: Any) -> tuple:
+        self._t += 1
+        return self._frame(), float(int(action) == 1), self._t >= 5, False, {}
+
+
+if "RlkubeFrames-v0" not in gym.registry:
+    gym.register("RlkubeFrames-v0", entry_point=FramesEnv)
