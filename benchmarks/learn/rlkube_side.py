@@ -6,7 +6,6 @@ import math
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from rlkube.engine.in_process import InProcessEngine
 from rlkube.engine.report import EpochRecord, RunStart, RunSummary
@@ -47,7 +46,7 @@ class _Episodes:
         pass
 
 
-def run_rlkube(job: RLJob, *, seed: int, budget: int, stop_at_target: bool, **_: Any) -> Curve:
+def run_rlkube(job: RLJob, *, seed: int, budget: int, stop_at_target: bool) -> Curve:
     """``rlkube run --in-process`` of the budgeted job; the curve holds raw episode returns."""
     run = budgeted(job, seed=seed, budget=budget, stop_at_target=stop_at_target)
     curve = Curve(side="rlkube", seed=seed)

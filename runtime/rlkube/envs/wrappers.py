@@ -125,7 +125,12 @@ def _one(env: gym.Env, spec: WrapperSpec) -> gym.Env:
 
 def wrap_env(env: gym.Env, wrappers: Sequence[WrapperSpec]) -> gym.Env:
     """Raw statistics innermost, then ``wrappers`` in order; errors name ``spec.env.wrappers[i]``."""
-    out: gym.Env = RawEpisodeStatistics(env)
+    return apply_wrappers(RawEpisodeStatistics(env), wrappers)
+
+
+def apply_wrappers(env: gym.Env, wrappers: Sequence[WrapperSpec]) -> gym.Env:
+    """Just ``wrappers`` in order (a peer that records episodes its own way uses this)."""
+    out = env
     for index, spec in enumerate(wrappers):
         try:
             out = _one(out, spec)
