@@ -157,3 +157,43 @@ def test_eval_workers_on_two_nodes_get_the_trainers_statistics_with_each_version
                 policy.close()
             for plane in planes:
                 plane.close()
+
+
+def test_a_resumed_run_continues_from_the_checkpointed_statistics(tmp_path: Path) -> None:
+    from rlkube.engine.in_process import InProcessEngine
+    from rlkube.engine.run_paths import RunPaths
+    from rlkube.spec import parse_job
+
+    def job(epochs: int) -> object:
+        return parse_job(
+            {
+                "apiVersion": "rlkube.io/v1alpha1",
+                "kind": "RLJob",
+                "metadata": {"name": "norm-resume"},
+                "spec": {
+                    "policy": {"type": "PPO", **NORM},
+                    "env": {"id": "CartPole-v1", "numEnvs": 4},
+                    "train": {
+                        "maxEpochs": epochs,
+                        "stepsPerEpoch": 32,
+                        "fragmentLength": 8,
+                        "batchSize": 16,
+                        "evalInterval": 0,
+                        "saveInterval": 1,
+                    },
+                },
+            }
+        )
+
+    paths = RunPaths(tmp_path).create()
+    first = InProcessEngine(job(2), PPO, paths=paths)  # type: ignore[arg-type]
+    first.run()
+    saved = stats(first.train_policy)  # type: ignore[arg-type]
+    assert saved["count"].item() == pytest.approx(64 + 1e-4)
+    first.store.complete_marker.unlink()  # let the same job train on (as a larger maxEpochs would)
+    second = InProcessEngine(job(3), PPO, paths=paths)  # type: ignore[arg-type]
+    second.run()
+    resumed = stats(second.train_policy)  # type: ignore[arg-type]
+    assert resumed["count"].item() == pytest.approx(96 + 1e-4)  # 64 restored + one more epoch of 32
+    eval_stats = stats(second.eval_policy)  # type: ignore[arg-type]
+    assert torch.equal(eval_stats["mean"], resumed["mean"])
