@@ -116,3 +116,17 @@ def test_async_vectorization_builds_the_wrappers_in_each_subprocess() -> None:
     with group("RlkubeCounter-v0", wrappers, vectorization="async") as g:
         assert np.allclose(play(g, 3, action=1)[0].reward.numpy(), 10.0)
         assert g.pop_finished_episodes() == ([3.0, 3.0], [3, 3])
+
+
+def test_evaluation_episodes_are_whole_raw_games_too() -> None:
+    from rlkube.engine.rollout import RolloutWorker
+    from rlkube.policy.builtin.ppo import PPO
+    from rlkube.spec import PolicySpec
+
+    with group("RlkubeLives-v0", [{"type": "EpisodicLife"}, {"type": "ScaleReward", "scale": 10.0}]) as g:
+        g.reset()
+        policy = PPO(PolicySpec.model_validate({"type": "PPO", "weightBuffer": {"strategy": "None"}}), "eval")
+        policy.init_eval(env_meta=g.meta)
+        result = RolloutWorker(g, policy).evaluate(2, deterministic=False, seed=0)
+    assert result.returns == (12.0, 12.0)  # 3 lives x 2 steps x reward 2, unscaled, not per life
+    assert all(length >= 6 for length in result.lengths)

@@ -26,7 +26,7 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from rlkube.envs.types import EnvMeta, EnvRet
-from rlkube.envs.wrappers import EPISODE_KEY, wrap_env
+from rlkube.envs.wrappers import finished_episodes, wrap_env
 
 if TYPE_CHECKING:
     from rlkube.spec import EnvSpec, WrapperSpec
@@ -173,11 +173,9 @@ class EnvGroup:
             mask = info.get("_final_obs", done)
             for i in np.flatnonzero(mask):
                 final[i] = torch.as_tensor(np.asarray(info["final_obs"][i]))
-        episodes = info.get(EPISODE_KEY)
-        if episodes is not None:  # raw episodes ended by this step's autoreset
-            for i in np.flatnonzero(info[f"_{EPISODE_KEY}"]):
-                self._finished_returns.append(float(episodes["r"][i]))
-                self._finished_lengths.append(int(episodes["l"][i]))
+        for _, raw_return, raw_length in finished_episodes(info):  # ended by this step's autoreset
+            self._finished_returns.append(raw_return)
+            self._finished_lengths.append(raw_length)
         return EnvRet(
             env_id=self._env_id_tensor,
             observation=obs,

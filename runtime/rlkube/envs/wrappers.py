@@ -14,7 +14,7 @@ names it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -72,6 +72,15 @@ class RawEpisodeStatistics(gym.Wrapper):  # type: ignore[type-arg]
             info = {**info, EPISODE_KEY: {"r": self._return, "l": self._length}}
         self._return, self._length = 0.0, 0
         return obs, info
+
+
+def finished_episodes(info: Mapping[str, Any]) -> list[tuple[int, float, int]]:
+    """``(env index, raw return, raw length)`` of the raw episodes a vector step's info reports."""
+    episodes = info.get(EPISODE_KEY)
+    if episodes is None:
+        return []
+    mask = info[f"_{EPISODE_KEY}"]
+    return [(int(i), float(episodes["r"][i]), int(episodes["l"][i])) for i in np.flatnonzero(mask)]
 
 
 def _clip(low: float, high: float) -> Callable[[Any], float]:
