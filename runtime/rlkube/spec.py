@@ -335,8 +335,9 @@ class NormalizeObservationWrapper(_Model):
     @model_validator(mode="after")
     def _refuse(self) -> NormalizeObservationWrapper:
         raise ValueError(
-            "observation statistics kept per env would differ between eval workers and the trainer; "
-            "set spec.policy.modelCfg.normalizeObservation: true (the statistics travel with the weights)"
+            "no NormalizeObservation wrapper (per-env statistics would differ between eval workers "
+            "and the trainer); set spec.policy.modelCfg.normalizeObservation: true, whose statistics "
+            "travel with the weights"
         )
 
 
