@@ -32,6 +32,7 @@ from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINAT
 from rlkube.engine.requests import Acted, assemble_batched, assemble_per_env, batched_rows, stack_rows
 from rlkube.envs.group import EnvGroup
 from rlkube.envs.types import EnvRet
+from rlkube.envs.wrappers import finished_episodes
 from rlkube.policy.base import BasePolicy, RequestMode
 
 logger = logging.getLogger(__name__)
@@ -292,8 +293,6 @@ class _EpisodeTally:
     def __init__(self, episodes: int, num_envs: int, first: EnvRet) -> None:
         self.quota = [episodes // num_envs + (1 if i < episodes % num_envs else 0) for i in range(num_envs)]
         self.finished: list[list[tuple[float, int]]] = [[] for _ in range(num_envs)]
-        self.running_return = [0.0] * num_envs
-        self.running_length = [0] * num_envs
         self.current = first
 
     @property
@@ -301,13 +300,9 @@ class _EpisodeTally:
         return all(len(done) >= q for done, q in zip(self.finished, self.quota, strict=True))
 
     def record(self, result: EnvRet) -> None:
-        done = (result.last_terminated | result.last_truncated).tolist()
-        for i, reward in enumerate(result.last_reward.tolist()):
-            self.running_return[i] += reward
-            self.running_length[i] += 1
-            if done[i]:
-                self.finished[i].append((self.running_return[i], self.running_length[i]))
-                self.running_return[i], self.running_length[i] = 0.0, 0
+        # Raw episodes (recorded inside every spec.env.wrappers entry), not the wrapped rewards.
+        for i, raw_return, raw_length in finished_episodes(result.info):
+            self.finished[i].append((raw_return, raw_length))
         self.current = result
 
     def result(self) -> EvalResult:

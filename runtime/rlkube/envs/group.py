@@ -8,8 +8,9 @@ group uses gymnasium's same-step autoreset: when an env's episode ends at a step
 that step already holds the first observation of its next episode in ``observation``, and the last
 observation of the episode that ended in ``final_observation``. ``final_observation`` is a full
 ``[N, ...]`` tensor: rows of envs that did not end repeat ``observation``, so it is always the true
-next observation of the step. Episode returns and lengths are tracked here and collected with
-:meth:`EnvGroup.pop_finished_episodes`.
+next observation of the step. Each env is wrapped as ``spec.env.wrappers`` says
+(:func:`~rlkube.envs.wrappers.wrap_env`); the episode returns and lengths collected with
+:meth:`EnvGroup.pop_finished_episodes` are the *raw* env's, recorded inside every wrapper.
 
 Seeding: env ``i`` of a group is reset with ``seed + i``; the launcher gives replica ``r`` the seed
 ``train.seed + r * numEnvs`` (:func:`replica_seed`), so no two envs of a job share a seed.
@@ -28,9 +29,10 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from rlkube.envs.types import EnvMeta, EnvRet
+from rlkube.envs.wrappers import finished_episodes, wrap_env
 
 if TYPE_CHECKING:
-    from rlkube.spec import EnvSpec
+    from rlkube.spec import EnvSpec, WrapperSpec
 
 
 class EnvError(ValueError):
@@ -60,10 +62,12 @@ def check_env_id(env_id: str, imports: Iterable[str] = ()) -> None:
         raise EnvError(f"spec.env.id: got {env_id!r}, expected a registered gymnasium id ({exc})") from None
 
 
-def _make_env(env_id: str, kwargs: Mapping[str, Any], imports: tuple[str, ...]) -> gym.Env:
+def _make_env(
+    env_id: str, kwargs: Mapping[str, Any], imports: tuple[str, ...], wrappers: tuple[WrapperSpec, ...] = ()
+) -> gym.Env:
     # Module level (not a closure) so async vectorization can send it to a subprocess.
     import_env_modules(imports)
-    return gym.make(env_id, **dict(kwargs))
+    return wrap_env(gym.make(env_id, **dict(kwargs)), wrappers)
 
 
 def _plain(value: Any) -> Any:
@@ -88,6 +92,7 @@ class EnvGroup:
         seed: int = 0,
         clip_actions: bool = True,
         replica: int = 0,
+        wrappers: Iterable[WrapperSpec] = (),
     ) -> None:
         if num_envs < 1:
             raise EnvError(f"spec.env.numEnvs: got {num_envs}, expected at least 1")
@@ -99,7 +104,11 @@ class EnvGroup:
         check_env_id(env_id, imports)
         env_kwargs = _plain(kwargs or {})
         self._max_episode_steps = env_kwargs.get("max_episode_steps", gym.spec(env_id).max_episode_steps)
-        factory = functools.partial(_make_env, env_id, env_kwargs, imports)
+        wrappers = tuple(wrappers)
+        for wrapper in wrappers:
+            if wrapper.type == "TimeLimit":
+                self._max_episode_steps = wrapper.max_episode_steps  # type: ignore[union-attr]
+        factory = functools.partial(_make_env, env_id, env_kwargs, imports, wrappers)
         vector_cls: type[SyncVectorEnv] | type[AsyncVectorEnv]
         if vectorization == "sync":
             vector_cls = SyncVectorEnv
@@ -111,12 +120,12 @@ class EnvGroup:
             self.envs = vector_cls([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
         except TypeError as exc:  # unexpected keyword arguments of the env constructor
             raise EnvError(f"spec.env.kwargs: {env_id} refused them: {exc}") from exc
+        except ValueError as exc:  # a wrapper that does not fit the env (named by wrap_env)
+            raise EnvError(str(exc)) from exc
         self.single_observation_space = self.envs.single_observation_space
         self.single_action_space = self.envs.single_action_space
         #: ``"<replica>-<index>"``: unique within a job, stable across restarts of the replica.
         self.env_ids: list[str] = [f"{replica}-{i}" for i in range(num_envs)]
-        self._episode_return = np.zeros(num_envs, dtype=np.float64)
-        self._episode_length = np.zeros(num_envs, dtype=np.int64)
         self._finished_returns: list[float] = []
         self._finished_lengths: list[int] = []
         self._meta: EnvMeta | None = None
@@ -133,6 +142,7 @@ class EnvGroup:
             imports=env.imports,
             seed=replica_seed(base_seed, replica_index, env.num_envs),
             replica=replica_index,
+            wrappers=env.wrappers,
         )
 
     @property
@@ -143,12 +153,10 @@ class EnvGroup:
         return self._meta
 
     def reset(self, seed: int | None = None) -> EnvRet:
-        """Reset every env (seeded ``seed + i``; default the group's seed) and the episode counters."""
+        """Reset every env (seed ``seed + i``; default: the group's); unfinished episodes are dropped."""
         first = seed if seed is not None else self.seed
         observation, info = self.envs.reset(seed=first)
         self.envs.action_space.seed(first)
-        self._episode_return[:] = 0.0
-        self._episode_length[:] = 0
         if self._meta is None:
             self._meta = EnvMeta(
                 env_name=self.env_id,
@@ -179,13 +187,9 @@ class EnvGroup:
             mask = info.get("_final_obs", done)
             for i in np.flatnonzero(mask):
                 final[i] = torch.as_tensor(np.asarray(info["final_obs"][i]))
-        self._episode_return += reward
-        self._episode_length += 1
-        for i in np.flatnonzero(done):
-            self._finished_returns.append(float(self._episode_return[i]))
-            self._finished_lengths.append(int(self._episode_length[i]))
-            self._episode_return[i] = 0.0
-            self._episode_length[i] = 0
+        for _, raw_return, raw_length in finished_episodes(info):  # ended by this step's autoreset
+            self._finished_returns.append(raw_return)
+            self._finished_lengths.append(raw_length)
         return EnvRet(
             env_id=list(self.env_ids),
             observation=obs,

@@ -1,8 +1,13 @@
-"""The built-in PPO's network: separate MLP actor and critic over a flattened observation.
+"""The built-in PPO's network: separate MLP actor and critic, or a shared NatureCNN trunk.
 
-Pure (no I/O). Discrete action spaces get a Categorical head; Box action spaces a diagonal
-Gaussian whose log std is a state-independent parameter. ``forward`` returns everything PPO needs
-in one call, so DDP's gradient hooks see every parameter used through the wrapper.
+Pure (no I/O). ``encoder="mlp"``: separate actor and critic MLPs over the flattened observation,
+optionally normalised by running statistics kept in buffers (``obs_norm``, see
+``running_stats``). ``encoder="nature_cnn"``: one Nature-DQN trunk shared by a linear actor and
+a linear critic head (CleanRL's ``ppo_atari.py``); images arrive as the env made them (uint8,
+HWC or CHW, stacked or not) and are converted inside ``forward``. Discrete action spaces get a
+Categorical head; Box action spaces a diagonal Gaussian whose log std is a state-independent
+parameter. ``forward`` returns everything PPO needs in one call, so DDP's gradient hooks see
+every parameter used through the wrapper.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
+
+from rlkube.policy.builtin.encoders import ImageLayout, NatureCNN
+from rlkube.policy.builtin.running_stats import RunningObsNorm
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh,
@@ -57,6 +65,10 @@ class ActorCritic(nn.Module):
         activation: str = "tanh",
         init_log_std: float = 0.0,
         ortho_init: bool = True,
+        encoder: str = "mlp",
+        image_layout: ImageLayout = "auto",
+        normalize_observation: bool = False,
+        observation_clip: float = 10.0,
     ) -> None:
         super().__init__()
         if observation_space.shape is None:
@@ -74,10 +86,25 @@ class ActorCritic(nn.Module):
             raise ValueError(
                 f"the built-in PPO supports Discrete and Box action spaces, got {type(action_space).__name__}"
             )
-        self.critic = mlp(obs_dim, hidden_sizes, 1, activation=activation, out_gain=1.0, ortho=ortho_init)
-        self.actor = mlp(
-            obs_dim, hidden_sizes, out_dim, activation=activation, out_gain=0.01, ortho=ortho_init
-        )
+        self.obs_norm: RunningObsNorm | None = None
+        self.encoder: NatureCNN | None = None
+        if encoder == "nature_cnn":
+            if normalize_observation:
+                raise ValueError(
+                    "normalizeObservation applies to the mlp encoder (images are scaled by 1/255)"
+                )
+            self.encoder = NatureCNN(tuple(observation_space.shape), image_layout)
+            self.critic: nn.Module = _layer(self.encoder.features, 1, gain=1.0, ortho=True)
+            self.actor: nn.Module = _layer(self.encoder.features, out_dim, gain=0.01, ortho=True)
+        elif encoder == "mlp":
+            if normalize_observation:
+                self.obs_norm = RunningObsNorm(obs_dim, clip=observation_clip)
+            self.critic = mlp(obs_dim, hidden_sizes, 1, activation=activation, out_gain=1.0, ortho=ortho_init)
+            self.actor = mlp(
+                obs_dim, hidden_sizes, out_dim, activation=activation, out_gain=0.01, ortho=ortho_init
+            )
+        else:
+            raise ValueError(f"unknown encoder {encoder!r} (mlp, nature_cnn)")
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(init_log_std)))
 
@@ -85,8 +112,16 @@ class ActorCritic(nn.Module):
     def flatten(obs: torch.Tensor) -> torch.Tensor:
         return obs.reshape(obs.shape[0], -1).float()
 
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """What the heads see: CNN features, or the (normalised) flattened observation."""
+        if self.encoder is not None:
+            return self.encoder(obs)
+        if self.obs_norm is not None:
+            return self.obs_norm(obs.reshape(obs.shape[0], -1))
+        return self.flatten(obs)
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.flatten(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1)
 
     def distribution(self, x: torch.Tensor) -> Categorical | Normal:
         out = self.actor(x)
@@ -97,7 +132,7 @@ class ActorCritic(nn.Module):
     def forward(
         self, obs: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = self.flatten(obs)
+        x = self.features(obs)
         dist = self.distribution(x)
         if action is None:
             if deterministic:

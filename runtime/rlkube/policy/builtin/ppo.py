@@ -13,6 +13,13 @@ Metrics (``log_metric``): ``losses/policy_loss``, ``losses/value_loss``, ``losse
 ``losses/approx_kl``, ``losses/clipfrac`` (minibatch means over the update), ``losses/explained_variance``
 (values at collection vs returns), ``charts/learning_rate`` (the rate used this update),
 ``charts/update_epochs`` (passes run; fewer when ``targetKl`` stopped them).
+
+With ``modelCfg.normalizeObservation`` the running observation statistics are buffers of the
+model: ``train`` merges the raw observations of the batch it trained on into them after the
+update (over all DDP ranks), so version v+1 carries them to every eval worker and checkpoint,
+and each batch is trained with the statistics it was collected with. The trainer, not the
+workers, owns them because it sees every trained transition exactly once, between versions, in
+one place: no merge protocol between workers, and no worker's view can drift from another's.
 """
 
 from __future__ import annotations
@@ -58,6 +65,10 @@ class PPO(BasePolicy):
             activation=self.arch.activation,
             init_log_std=self.arch.init_log_std,
             ortho_init=self.arch.ortho_init,
+            encoder=self.arch.encoder,
+            image_layout=self.arch.image_layout,
+            normalize_observation=self.arch.normalize_observation,
+            observation_clip=self.arch.observation_clip,
         ).to(self.device)
 
     def setup_optimizer(self, optim_cfg: Any) -> None:
@@ -174,6 +185,11 @@ class PPO(BasePolicy):
                 break
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
+        # The batch was collected and trained with version v's statistics (ratio 1 at the start);
+        # its raw observations now move them, and version v+1 carries the result.
+        obs_norm = cast(ActorCritic, unwrap(self.model)).obs_norm
+        if obs_norm is not None:
+            obs_norm.update_(b["obs"], world_size=self.world_size)
         metrics = {f"losses/{key}": float(value) / max(steps, 1) for key, value in sums.items()}
         metrics["losses/explained_variance"] = explained_variance(b["values"], b["returns"])
         metrics["charts/learning_rate"] = lr
@@ -181,6 +197,15 @@ class PPO(BasePolicy):
         for key, value in metrics.items():
             self.log_metric(key, value)
         return metrics
+
+    def get_param_fingerprint(self) -> dict[str, float]:
+        """Parameter norms plus the observation statistics' (they are part of every version too)."""
+        fingerprint = super().get_param_fingerprint()
+        for module_name, model in self.model_list:
+            for name, buffer in unwrap(model).named_buffers():
+                if buffer.is_floating_point():
+                    fingerprint[f"{module_name}.{name}"] = float(buffer.detach().double().norm().item())
+        return fingerprint
 
     def _mean_over_ranks(self, value: torch.Tensor) -> float:
         """The same number on every rank (an early stop must be taken by all ranks or DDP hangs)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from rlkube.spec import SpecError
@@ -66,6 +66,28 @@ class PPOModelConfig(_Section):
     ortho_init: bool = Field(
         True, description="Orthogonal init as in CleanRL (gain sqrt 2; heads 0.01 and 1)."
     )
+    encoder: Literal["mlp", "nature_cnn"] = Field(
+        "mlp",
+        description="mlp: separate actor/critic MLPs; nature_cnn: a shared Nature-DQN trunk for images "
+        "(hiddenSizes and activation then do not apply).",
+    )
+    image_layout: Literal["auto", "hwc", "chw"] = Field(
+        "auto", description="nature_cnn: axis order of an image observation (auto: trailing 1/3/4 is HWC)."
+    )
+    normalize_observation: bool = Field(
+        False,
+        description="mlp: normalise observations by running mean/var kept in the model (updated by the "
+        "trainer after each update, shipped with every weight version, checkpointed).",
+    )
+    observation_clip: float = Field(10.0, gt=0.0, description="Clip normalised observations to +-this.")
+
+    @model_validator(mode="after")
+    def _encoder_fits(self) -> PPOModelConfig:
+        if self.encoder == "nature_cnn" and self.normalize_observation:
+            raise ValueError(
+                "normalizeObservation applies to the mlp encoder; nature_cnn scales images by 1/255"
+            )
+        return self
 
 
 Section = TypeVar("Section", bound=_Section)
