@@ -218,6 +218,9 @@ class RankZeroEngine:
             if checkpoint is not None:
                 progress = self.store.load(checkpoint, self.ctx.policy)
                 logger.info("resumed from %s (epoch %d)", checkpoint.path, progress.epoch)
+            if self.store.moved_aside:
+                moved = ", ".join(str(target) for _, target in self.store.moved_aside)
+                self.coordinator.update(message=f"corrupt checkpoints moved aside: {moved}")
         if progress.epoch == 0 and self.spec.checkpoint.path:
             self.ctx.policy.load_checkpoint(self.spec.checkpoint.path)
         self.ctx.channel.share_state(self.ctx.policy, progress)
@@ -292,6 +295,8 @@ class RankZeroEngine:
             if latest is None or latest.progress.epoch != tracker.epoch:
                 self.save(tracker)
         checks = self.fingerprint_checks
+        if self.store.moved_aside:  # named in summary.json and by `rlkube run`
+            details = {**details, "corrupt_checkpoints": [str(t) for _, t in self.store.moved_aside]}
         first = self.coordinator.first_registration_at
         if first is not None:  # start-up inside wall_seconds: eval workers importing, envs starting
             details = {**details, "seconds_to_first_worker": round(max(0.0, first - tracker.started), 3)}

@@ -7,7 +7,10 @@ simulated node. The supervisor then behaves like the StatefulSet controller plus
 - an eval worker that dies is started again (a pod restarts); one scaled away gets SIGTERM and
   drains; the eval count follows ``control.json`` in the run directory (``rlkube scale``);
 - a train rank that fails takes the whole train group down and up again: every rank resumes
-  from the newest checkpoint, at most ``runPolicy.backoffLimit`` times;
+  from the newest checkpoint, at most ``runPolicy.backoffLimit`` times; one that exits on a disk
+  fault (exit 3: no space, read-only) ends the run at once with its one-line reason, since a
+  restart would meet the same disk (the run and checkpoint directories are checked writable
+  before anything starts);
 - the job is finished when rank 0 writes the completion marker (``checkpoints/COMPLETE.json``,
   as in a pod every rank then idles until stopped): everything is stopped.
 
@@ -33,6 +36,7 @@ from pathlib import Path
 from rlkube import contract
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
+from rlkube.engine.disk import EXIT_DISK_FAULT, MARK, DiskFault, check_writable, describe, is_disk_error
 from rlkube.engine.run_paths import RunPaths
 from rlkube.spec import RLJob
 
@@ -193,6 +197,14 @@ class Outcome:
     message: str = ""
 
 
+def disk_fault_line(log_path: Path) -> str | None:
+    """The one-line reason a pod printed before it exited on a disk fault (``... disk fault: ...``)."""
+    for line in reversed(tail(log_path, lines=50).splitlines()):
+        if MARK in line:
+            return line.removeprefix("rlkube pod: ")
+    return None
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -218,6 +230,9 @@ class Supervisor:
 
     # -------------------------------------------------------------- starting
     def prepare(self) -> None:
+        """Directories, control file; a run or checkpoint directory that takes no file is a DiskFault."""
+        check_writable(self.layout.run_dir, what="run directory")
+        check_writable(RunPaths(self.layout.run_dir).checkpoints, what="checkpoint directory")
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         (self.layout.run_dir / "logs").mkdir(exist_ok=True)
         sweep_stale_shm_roots(self.layout.shm_root.parent)
@@ -304,6 +319,8 @@ class Supervisor:
         failed = [p for p in self.train.values() if p.popen.poll() is not None]
         if failed:
             culprit = failed[0]
+            if culprit.popen.returncode == EXIT_DISK_FAULT:  # a restart would meet the same disk
+                return Outcome(1, disk_fault_line(culprit.log_path) or f"{culprit.name}: {MARK} see its log")
             limit = self.layout.job.spec.run_policy.backoff_limit
             if self.train_restarts >= limit:
                 lines = tail(culprit.log_path)
@@ -435,6 +452,12 @@ def supervise(
                 on_tick(supervisor)
             time.sleep(interval)
         return Outcome(130, "interrupted: stopped every process")
+    except OSError as exc:  # the supervisor's own writes (logs, cluster.json) on a full disk
+        if not is_disk_error(exc):
+            raise
+        return Outcome(1, describe(exc))
+    except DiskFault as exc:
+        return Outcome(1, str(exc))
     finally:
         supervisor.shutdown()
         for sig, handler in previous.items():

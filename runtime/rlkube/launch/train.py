@@ -36,6 +36,7 @@ from rlkube.coordinator.service import CoordinatorServer
 from rlkube.coordinator.state import Coordinator
 from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
+from rlkube.engine.disk import check_writable
 from rlkube.engine.eval_engine import EvalEngine
 from rlkube.engine.ranks import RankChannel
 from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
@@ -143,6 +144,10 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
     coordinator: Coordinator | None = None
     publisher: WeightPublisher | None = None
     if env.rank == 0:
+        # Before anything trains: a read-only or full run directory is one line now, not a
+        # traceback at the first checkpoint (rlkube pod exits 3 on it).
+        check_writable(paths.run_dir, what="run directory")
+        CheckpointStore(paths.checkpoints).check_writable()
         paths.create()
         done = CheckpointStore(paths.checkpoints).completion()
         coordinator = Coordinator(job, world_size=env.world_size)

@@ -1,0 +1,60 @@
+"""`rlkube run` on a faulty disk ends with one line of reason and a valid checkpoint, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rlkube.engine.checkpoint import CheckpointStore
+
+from tests.faults.disks import fill, small_fs
+from tests.runtime.cluster import LocalRun, write_job
+
+
+def start(local_run: list[LocalRun], tmp_path: Path, run_dir: Path, **spec: object) -> LocalRun:
+    run = LocalRun(write_job(tmp_path, **spec), run_dir)
+    local_run.append(run)
+    return run
+
+
+def one_line_reason(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr, stderr
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_a_read_only_checkpoint_directory_ends_the_run_before_it_starts(local_run, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    with small_fs(run_dir / "checkpoints", size_kib=256, read_only=True):
+        run = start(local_run, tmp_path, run_dir)
+        assert run.wait(timeout=120) == 1
+        reason = one_line_reason(run.output[1])
+    assert reason == (
+        f"rlkube: disk fault: cannot write checkpoint directory {run_dir / 'checkpoints'}: "
+        "[Errno 30] Read-only file system"
+    )
+    assert not (run_dir / "logs").exists()  # nothing was started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("volume", "what"),
+    [("checkpoints", "cannot write checkpoint"), ("tensorboard", "cannot write TensorBoard event file")],
+)
+def test_a_disk_that_fills_mid_run_ends_it_with_one_line_and_keeps_the_last_good_checkpoint(
+    local_run, tmp_path, volume, what
+) -> None:
+    run_dir = tmp_path / "run"
+    with small_fs(run_dir / volume, size_kib=16384) as disk:
+        run = start(local_run, tmp_path, run_dir, train__maxEpochs=200, train__saveInterval=2)
+        run.wait_until(lambda s: s.epoch >= 3, timeout=180, what="epoch 3 (a checkpoint saved)")
+        fill(disk)
+        assert run.wait(timeout=180) == 1
+        reason = one_line_reason(run.output[1])
+        assert reason.startswith("rlkube: small-train-0 stopped: disk fault: ")
+        assert what in reason
+        assert "No space left on device" in reason
+        latest = CheckpointStore(run_dir / "checkpoints").latest()
+        assert latest is not None
+        assert latest.progress.epoch >= 2
