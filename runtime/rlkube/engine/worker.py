@@ -26,6 +26,7 @@ from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.wire import episodes_only, fragment_to_proto
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.envs.group import EnvGroup
+from rlkube.health import POD
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.spec import RLJob
 from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
@@ -108,6 +109,7 @@ class EvalWorker:
         try:
             if not self._register():
                 return 0
+            POD.ready()
             # After registering: by then train rank 0 writes its own node's buffer, so a receiver
             # started here is elected only on nodes without a trainer.
             plane.start(policy)
@@ -195,8 +197,11 @@ class EvalWorker:
     # ------------------------------------------------------------------ work
     def _serve(self, policy: BasePolicy, plane: EvalWeightPlane, rollout: RolloutWorker) -> None:
         while not self.stop.is_set():
-            if not self._registered.is_set() and not self._register():
-                return
+            if not self._registered.is_set():
+                POD.ready(False)  # readiness follows the registration
+                if not self._register():
+                    return
+                POD.ready()
             try:
                 task = self.client.lease(self.worker_id, wait_seconds=LEASE_WAIT)
             except CoordinatorError as exc:

@@ -20,7 +20,6 @@ removes the shm directories. A failure exits non-zero with the failing process's
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -38,31 +37,9 @@ from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
 from rlkube.engine.disk import EXIT_DISK_FAULT, MARK, DiskFault, check_writable, describe, is_disk_error
 from rlkube.engine.run_paths import RunPaths
+from rlkube.health import HEALTH_PORT_ENV
+from rlkube.launch.pod import SUPERVISOR_PID_ENV
 from rlkube.spec import RLJob
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # not Linux: Ctrl-C and SIGTERM still stop every "pod"
-        return None
-
-
-# Resolved once, here: the child calls it between fork and exec, where nothing should be loaded.
-_prctl = _load_prctl()
-
-
-def _die_with_supervisor() -> None:
-    """In each "pod" before exec: SIGTERM when the supervisor dies, even by SIGKILL.
-
-    The pods run in sessions of their own (so a terminal's Ctrl-C reaches only the supervisor,
-    which stops them in order); without this, a killed supervisor would leave them running.
-    """
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
 
 CONTROL_FILE = "control.json"
 #: Written by the supervisor while it runs: the coordinator's address and every "pod" with its pid.
@@ -255,13 +232,17 @@ class Supervisor:
         env.setdefault("PYTHONUNBUFFERED", "1")
         with log_path.open("ab") as log:
             log.write(f"==== {name} started at {time.strftime('%H:%M:%S')} (restart {restarts})\n".encode())
+            # No preexec_fn: no Python runs between fork and exec, so CPython uses vfork/exec and
+            # the supervisor's live gRPC threads (the status poller) are never forked into a child.
+            # The pods run in sessions of their own (so a terminal's Ctrl-C reaches only the
+            # supervisor, which stops them in order) and die with it (SUPERVISOR_PID_ENV).
             popen = subprocess.Popen(
                 self.command,
-                env=env,
+                # Health on any free port: the "pods" share one host (and no kubelet probes them).
+                env={**env, SUPERVISOR_PID_ENV: str(os.getpid()), HEALTH_PORT_ENV: "0"},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_supervisor,
             )
         return Proc(name, role, index, popen, log_path, time.monotonic(), restarts)
 

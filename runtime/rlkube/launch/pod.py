@@ -11,22 +11,49 @@ saying what could not be written where), 143 stopped mid-run.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import signal
 import sys
 import threading
 import traceback
+from collections.abc import Mapping
 
 from rlkube.contract import EnvContractError, PodEnv, Role, read_pod_env
 from rlkube.engine.disk import EXIT_DISK_FAULT, describe, is_disk_error
+from rlkube.health import POD
 from rlkube.jobfile import load_job
 from rlkube.spec import RLJob, SpecError
 
 logger = logging.getLogger("rlkube.pod")
 
 
+_PR_SET_PDEATHSIG = 1
+#: The local supervisor's pid (``rlkube run``); unset in a cluster.
+SUPERVISOR_PID_ENV = "RLKUBE_SUPERVISOR_PID"
+
+
+def die_with_supervisor(environ: Mapping[str, str]) -> bool:
+    """A local "pod": SIGTERM when the supervisor that started it dies, even by SIGKILL.
+
+    Done here, after exec, rather than in a ``preexec_fn`` (which would make the supervisor fork
+    with its gRPC threads alive). False when the supervisor is already gone (the pod then exits).
+    """
+    expected = environ.get(SUPERVISOR_PID_ENV)
+    if not expected:
+        return True
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: Ctrl-C and SIGTERM still stop every "pod"
+        return True
+    return os.getppid() == int(expected)  # it died before the request: nobody would signal us
+
+
 def main(args: argparse.Namespace | None = None) -> int:
+    if not die_with_supervisor(os.environ):
+        return 143
     try:
         env = read_pod_env(os.environ)
     except EnvContractError as exc:
@@ -53,6 +80,7 @@ def main(args: argparse.Namespace | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigterm)
+    POD.serve()  # liveness now; readiness when the role says so
     try:
         return run_role(job, env, policy_cls, stop)
     except Exception as exc:
@@ -62,6 +90,8 @@ def main(args: argparse.Namespace | None = None) -> int:
         traceback.print_exc()
         print(f"rlkube pod: {env.pod_name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        POD.close()
 
 
 def run_role(job: RLJob, env: PodEnv, policy_cls: type, stop: threading.Event) -> int:

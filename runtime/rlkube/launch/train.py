@@ -44,6 +44,7 @@ from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.sync_engine import SyncEngine
 from rlkube.engine.trainer import RankZeroEngine, Stopped, TrainContext, follow
 from rlkube.envs.group import EnvGroup
+from rlkube.health import POD
 from rlkube.launch.progress import PlainProgress
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import Engine, RLJob
@@ -152,8 +153,9 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         done = CheckpointStore(paths.checkpoints).completion()
         coordinator = Coordinator(job, world_size=env.world_size)
         server = CoordinatorServer(
-            coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late]
+            coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late, POD.handler()]
         ).start()
+        POD.ready()  # rank 0 is ready once its coordinator answers (eval workers wait on it)
         if done is not None:
             logger.info(
                 "%s is complete (%s); serving its final status", job.name, paths.checkpoints / "COMPLETE.json"
@@ -206,6 +208,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             late.inner = weight_store_handler(publisher.board)
             ENGINES[job.spec.engine](ctx).run()
         else:
+            POD.ready()  # joined training
             follow(ctx)
     except Stopped:
         _stop_serving(server, publisher)
