@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ import torch.distributed as dist
 from rlkube import contract
 from rlkube.contract import PodEnv
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.coordinator.journal import JOURNAL_DIR, AckJournal
 from rlkube.coordinator.service import CoordinatorServer
 from rlkube.coordinator.state import Coordinator
 from rlkube.engine.async_engine import AsyncEngine
@@ -152,6 +154,11 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         paths.create()
         done = CheckpointStore(paths.checkpoints).completion()
         coordinator = Coordinator(job, world_size=env.world_size)
+        if job.spec.engine is Engine.SYNC:  # acknowledged means durable (rlkube.coordinator.journal)
+            journal_dir = paths.checkpoints / JOURNAL_DIR
+            if not job.spec.checkpoint.resume:
+                shutil.rmtree(journal_dir, ignore_errors=True)  # a fresh start replays nothing
+            coordinator.journal = AckJournal(journal_dir, incarnation=coordinator.incarnation).open()
         server = CoordinatorServer(
             coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late, POD.handler()]
         ).start()
