@@ -58,3 +58,27 @@ def test_a_disk_that_fills_mid_run_ends_it_with_one_line_and_keeps_the_last_good
         latest = CheckpointStore(run_dir / "checkpoints").latest()
         assert latest is not None
         assert latest.progress.epoch >= 2
+
+
+@pytest.mark.slow
+def test_a_run_whose_checkpoints_are_all_corrupt_finishes_with_a_valid_one_and_names_them(
+    local_run, tmp_path
+) -> None:
+    run_dir = tmp_path / "run"
+    first = start(local_run, tmp_path, run_dir, train__maxEpochs=4, train__saveInterval=2)
+    assert first.wait(timeout=300) == 0, first.output[1]
+    checkpoints = run_dir / "checkpoints"
+    (checkpoints / "COMPLETE.json").unlink()  # as if the job had not finished
+    corrupted = sorted(p for p in checkpoints.iterdir() if p.name.startswith("ckpt-"))
+    assert corrupted
+    for checkpoint in corrupted:
+        (checkpoint / "policy.pt").write_bytes(b"not a checkpoint any more")
+    again = start(local_run, tmp_path, run_dir, train__maxEpochs=4, train__saveInterval=2)
+    assert again.wait(timeout=300) == 0, again.output[1]
+    latest = CheckpointStore(checkpoints).latest()
+    assert latest is not None
+    assert latest.progress.epoch == 4
+    moved = [str(p.with_name(p.name + ".corrupt")) for p in corrupted]
+    assert sorted(again.summary()["corrupt_checkpoints"]) == moved
+    for name in moved:
+        assert name in again.output[0]  # `rlkube run` names them
