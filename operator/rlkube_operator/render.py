@@ -379,6 +379,7 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
         container["imagePullPolicy"] = pull
     if role is Role.TRAIN:
         container["ports"] = [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS.items()]
+    container |= health_probes()
     resources = _resources(pod)
     if resources:
         container["resources"] = resources
@@ -414,6 +415,29 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
             "annotations": {**pod.annotations, ANNOTATION_SPEC_HASH: spec_hash(job, settings)},
         },
         "spec": spec,
+    }
+
+
+#: Seconds a pod may take to start answering health checks (imports, envs, rendezvous): 5 min.
+STARTUP_PROBE = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 60}
+#: A pod that does not answer for 60 s (hung, SIGSTOP) is restarted.
+LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6}
+READINESS_PROBE = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 2}
+
+
+def health_probes() -> dict[str, Any]:
+    """kubelet's native gRPC probes against the pod's grpc.health.v1 server (``rlkube.health``)."""
+
+    def grpc_probe(service: str | None, timing: dict[str, int]) -> dict[str, Any]:
+        check: dict[str, Any] = {"port": c.HEALTH_PORT}
+        if service:
+            check["service"] = service
+        return {"grpc": check, **timing}
+
+    return {
+        "startupProbe": grpc_probe(None, STARTUP_PROBE),
+        "livenessProbe": grpc_probe(None, LIVENESS_PROBE),
+        "readinessProbe": grpc_probe(c.READINESS_SERVICE, READINESS_PROBE),
     }
 
 

@@ -26,6 +26,11 @@ MASTER_PORT = 29500
 COORDINATOR_PORT = 50051
 #: Every train rank serves its weights on this port, so Sharded fetches read from several ranks.
 WEIGHT_PORT = 50052
+#: Every pod serves gRPC health checking (grpc.health.v1) here: kubelet's liveness and readiness
+#: probes (``rlkube.health``).
+HEALTH_PORT = 50053
+#: The health service that says a pod does its job (its readiness probe); "" says it is alive.
+READINESS_SERVICE = "readiness"
 #: The operator's liveness and Prometheus metrics endpoint.
 OPERATOR_METRICS_PORT = 8080
 

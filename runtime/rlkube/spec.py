@@ -188,6 +188,13 @@ class WeightBufferSpec(_Model):
         le=256 << 20,
         description="Bytes per gRPC message when streaming weights (default 4 MiB).",
     )
+    pin_timeout_seconds: float = Field(
+        30.0,
+        ge=0.1,
+        le=3600,
+        description="Seconds an eval reader may keep pinned the buffer slot a writer needs before "
+        "it loses the slot (a hung reader keeps an unchanged older copy; the writer uses new files).",
+    )
     shm_size_limit: str | None = Field(
         None,
         description="Size limit of the in-memory volume holding the buffer (Double), e.g. '2Gi'. "

@@ -133,7 +133,28 @@ def eval_worker(directory: str, address: str, worker_id: str, strategy: str) -> 
     say(closed=True)
 
 
+def checking_pinner(directory: str) -> None:
+    """Pin the newest snapshot; when told, check it is still whole and unchanged, then read the newest."""
+    reader = ShmReader(directory).open()
+    snap = reader.acquire()
+    assert snap is not None
+    say(ready=True, version=snap.version)
+    sys.stdin.readline()  # (the test stops this process for a while here)
+    problems = snapshot_problems(snap.views, snap.version)
+    held = snap.version
+    snap.release()
+    with reader.acquire() as newest:
+        say(
+            held=held,
+            problems=problems,
+            newest=newest.version,
+            newest_problems=snapshot_problems(newest.views, newest.version),
+        )
+    reader.close()
+
+
 ROLES = {
+    "checking-pinner": checking_pinner,
     "reader-loop": reader_loop,
     "hanging-writer": hanging_writer,
     "pinning-reader": pinning_reader,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_a_second_writer_is_refused_and_told_who_writes(shm_dir: Path) -> None:
 def test_the_writer_waits_for_readers_to_leave_a_slot_and_names_them_on_timeout(
     shm_dir: Path, helpers: list
 ) -> None:
-    with ShmWriter(shm_dir, slot_wait_timeout=0.3) as writer:
+    with ShmWriter(shm_dir, slot_wait_timeout=0.3, on_busy="raise") as writer:
         publish(writer, 1)
         slow = Helper("pinning-reader", shm_dir)
         helpers.append(slow)
@@ -82,6 +83,30 @@ def test_the_writer_waits_for_readers_to_leave_a_slot_and_names_them_on_timeout(
         assert slow.read()["done"]
         publish(writer, 3)
         assert writer.latest().version == 3
+
+
+def test_a_hung_reader_loses_its_slot_but_its_pinned_copy_stays_whole_and_unchanged(
+    shm_dir: Path, helpers: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    with ShmWriter(shm_dir, slot_wait_timeout=0.3) as writer:
+        publish(writer, 1)
+        hung = Helper("checking-pinner", shm_dir)
+        helpers.append(hung)
+        assert hung.read()["version"] == 1
+        os.kill(hung.proc.pid, signal.SIGSTOP)
+        try:
+            for version in range(2, 6):  # version 3 needs the slot the stopped reader pins
+                publish(writer, version)
+        finally:
+            os.kill(hung.proc.pid, signal.SIGCONT)
+        assert writer.reclaimed == 1
+        assert f"pid {hung.proc.pid}" in caplog.text
+        with ShmReader(shm_dir, verify=True) as reader, reader.acquire() as snap:
+            assert snap.version == 5
+            assert snapshot_problems(snap.views, 5) == []
+        hung.send({})
+        assert hung.read() == {"held": 1, "problems": [], "newest": 5, "newest_problems": []}
+        assert hung.wait() == 0
 
 
 def test_a_reader_with_nothing_newer_gets_none(shm_dir: Path) -> None:

@@ -11,7 +11,6 @@ import pytest
 import torch
 from rlkube.envs.types import EnvRet, PolicyResponse
 from rlkube.policy.weight_source import StagedWeights
-from rlkube.weights.errors import SlotBusyError
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
 from rlkube.weights.sources import ShmWatcher, ShmWeightSource
 
@@ -230,11 +229,20 @@ def test_view_mode_parameters_are_views_of_the_slot_and_keep_it_pinned(shm_dir: 
             weight = policy.actor[0].weight
             start = slot.buffer.data_ptr()
             assert start <= weight.data_ptr() < start + slot.buffer.numel()
+            version_1 = weight.detach().clone()
             publisher.send(trainer.get_trainable_parameters())  # the other slot is free
-            with pytest.raises(SlotBusyError):
-                publisher.send(trainer.get_trainable_parameters())  # ours is pinned by the model
-            policy.update_weights_from_buffer()  # moves to version 2 and lets version 1's slot go
+            trainer.train()
+            # Ours is pinned by the model past the timeout: the writer reclaims the slot with new
+            # files (no SlotBusyError), and the model's views keep version 1's bytes, unchanged.
             publisher.send(trainer.get_trainable_parameters())
+            assert publisher.writer.reclaimed == 1
+            assert start <= policy.actor[0].weight.data_ptr() < start + slot.buffer.numel()
+            assert torch.equal(policy.actor[0].weight, version_1)
+            policy.update_weights_from_buffer()  # moves to version 3 and lets version 1's old file go
+            assert policy.weight_version == 3
+            assert torch.equal(policy.actor[0].weight, trainer.actor[0].weight)
+            publisher.send(trainer.get_trainable_parameters())
+            assert publisher.writer.reclaimed == 1  # nobody pins what the writer needs now
         finally:
             policy.close()
 

@@ -9,6 +9,7 @@ RolloutBuffer; the work board decides which pushes are accepted (the first of ea
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tensordict import TensorDict
 
+from rlkube.coordinator.journal import AckJournal
 from rlkube.coordinator.membership import Departure, Membership, Worker
 from rlkube.coordinator.progress import Progress
 from rlkube.coordinator.tasks import AckResult, TaskBoard, TaskKind, TaskSpec
@@ -24,6 +26,8 @@ from rlkube.data.fragment import Fragment
 from rlkube.data.rollout_buffer import AddResult, EpochBatch, RolloutBuffer
 from rlkube.spec import RLJob
 from rlkube.weights.consistency import LoadTracker, WorkerLoad
+
+logger = logging.getLogger(__name__)
 
 #: Returned by ``lease`` when the job is over: the worker drains and exits (or idles in a pod).
 STOP = "stop"
@@ -73,6 +77,8 @@ class Coordinator:
     clock: Callable[[], float] = time.monotonic
     incarnation: str = field(default_factory=lambda: secrets.token_hex(8))
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
+    #: Sync engines: acknowledged fragments are journalled here before the worker hears so.
+    journal: AckJournal | None = None
 
     def __post_init__(self) -> None:
         spec = self.job.spec
@@ -94,6 +100,8 @@ class Coordinator:
         self.first_registration_at: float | None = None
         self._published_version = 0
         self._version_checks: dict[int, list[bool]] = {}  # version -> each worker's fingerprint verdict
+        #: Acknowledged fragments of a previous incarnation taken back from the journal.
+        self.replayed = 0
 
     # ================================================================= worker-facing (RPCs)
     def register(self, *, pod_name: str, node_name: str, replica_index: int, num_envs: int) -> Worker:
@@ -180,6 +188,8 @@ class Coordinator:
             else:
                 if fragment is None:
                     return PushOutcome(accepted=False, reason=f"task {task_id} needs a trajectory batch")
+                if self.journal is not None:  # durable before it is acknowledged
+                    self.journal.record(epoch=task.epoch, fragment=fragment)
                 added = self.buffer.add(task_id, fragment)
                 if added is AddResult.FULL:  # cannot happen while the board bounds the work; be safe
                     self.board.release_worker(worker_id)
@@ -239,9 +249,26 @@ class Coordinator:
 
     # ================================================================= engine-facing (rank 0)
     def open_epoch(self, *, epoch: int, version: int) -> None:
+        """Queue the epoch's tasks; fragments of it acknowledged before a crash (journalled) are
+        taken back first, and only the missing tasks are queued."""
         with self._cond:
-            self.board.open_epoch(epoch=epoch, version=version, fragments=self.fragments_per_epoch)
+            replayed = self.journal.pending(epoch)[: self.fragments_per_epoch] if self.journal else []
+            for index, fragment in enumerate(replayed):
+                self.buffer.add(f"{self.incarnation}-replay-e{epoch}-{index}", fragment)
+            if replayed:
+                self.replayed += len(replayed)
+                logger.info(
+                    "epoch %d: %d acknowledged fragments taken back from the journal", epoch, len(replayed)
+                )
+            self.board.open_epoch(
+                epoch=epoch, version=version, fragments=self.fragments_per_epoch - len(replayed)
+            )
             self._cond.notify_all()
+
+    def checkpointed(self, *, epoch: int) -> None:
+        """A checkpoint now holds ``epoch`` trained epochs: their journalled fragments can go."""
+        if self.journal is not None:
+            self.journal.checkpointed(epoch)
 
     def open_stream(self, *, min_version: int) -> None:
         with self._cond:

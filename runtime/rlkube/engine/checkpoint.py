@@ -6,7 +6,14 @@ holding ``policy.pt`` (written by ``policy.save_checkpoint``, so a user's overri
 states of python, numpy and torch) and ``meta.json`` (epoch, env steps, weight version, the run's
 history, and the size and xxh3 digest of both files). It is assembled in a temporary directory
 and renamed into place, so a reader sees a whole checkpoint or none; a checkpoint whose files do
-not match their digests is skipped with a warning and the next older one is used.
+not match their digests is moved aside to ``ckpt-<epoch>.corrupt`` (named in a warning and in
+:attr:`CheckpointStore.moved_aside`) and the next older one is used.
+
+Pruning keeps the ``keep`` newest checkpoints that verify, so it never deletes the newest valid
+one, however many corrupt ones carry higher epoch numbers (those are moved aside, not counted).
+A save that the file system refuses (no space, read-only, no permission) raises
+:class:`~rlkube.engine.disk.DiskFault`, one line naming the checkpoint; the previous checkpoints
+are untouched, since nothing is pruned or renamed before a new one is complete.
 
 Everything loads with ``map_location="cpu"``, so every train rank (and a machine without the
 writer's accelerator) can load the same file; ``policy.load_checkpoint`` and the optimizers'
@@ -20,6 +27,7 @@ A policy that overrides ``save_checkpoint`` without ``load_checkpoint``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,6 +42,7 @@ import numpy as np
 import torch
 import xxhash
 
+from rlkube.engine.disk import DiskFault, as_disk_fault, check_writable, out_of_space
 from rlkube.policy.base import BasePolicy
 
 logger = logging.getLogger(__name__)
@@ -44,6 +53,8 @@ TRAINER_FILE = "trainer.pt"
 MODELS_FILE = "models.pt"
 META_FILE = "meta.json"
 COMPLETE_FILE = "COMPLETE.json"
+#: A checkpoint that failed verification is renamed ``ckpt-<epoch><CORRUPT_SUFFIX>`` (kept to look at).
+CORRUPT_SUFFIX = ".corrupt"
 _NAME = re.compile(r"^ckpt-(\d{6,})$")
 
 
@@ -151,16 +162,37 @@ class CheckpointStore:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.directory = Path(directory)
         self.keep = keep
+        #: (checkpoint, where it was moved) for every corrupt checkpoint this store moved aside
+        self.moved_aside: list[tuple[Path, Path]] = []
+        # Checkpoints this store wrote or verified: pruning reads only the others (a restarted
+        # rank 0 reads each once), so a save costs no re-hash of the checkpoints it keeps.
+        self._verified: set[Path] = set()
+
+    def check_writable(self) -> Path:
+        """Prove the directory takes a file now (before training), or raise a one-line DiskFault."""
+        return check_writable(self.directory, what="checkpoint directory")
 
     # ------------------------------------------------------------------ writing
     def save(self, policy: BasePolicy, progress: TrainerProgress) -> Path:
-        """Write ``ckpt-<epoch>`` atomically and prune old ones; returns its path."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Write ``ckpt-<epoch>`` atomically and prune old ones; returns its path.
+
+        Raises :class:`~rlkube.engine.disk.DiskFault` when the file system refuses the write.
+        """
         final = self.directory / f"ckpt-{progress.epoch:06d}"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DiskFault("checkpoint directory", self.directory, exc) from None
+        self._write(policy, progress, final)
+        self._remember_valid(final)
+        self._prune()
+        return final
+
+    def _write(self, policy: BasePolicy, progress: TrainerProgress, final: Path) -> None:
         tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
         try:
+            tmp.mkdir()
             policy.save_checkpoint(str(tmp / POLICY_FILE))
             custom = policy.saves_custom_checkpoints()
             if custom:
@@ -189,15 +221,58 @@ class CheckpointStore:
                 final.rename(stale)
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.rename(final)
-        except BaseException:
+        except BaseException as exc:
+            # Decided before the partial files are removed: torch.save to a path loses ENOSPC's
+            # errno, but the file system is still (almost) full while they exist.
+            fault = as_disk_fault(exc, what="checkpoint", path=final)
+            full = out_of_space(self.directory) if fault is None and isinstance(exc, Exception) else None
+            if full is not None:
+                fault = DiskFault("checkpoint", final, full)
             shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        self._prune()
-        return final
+            if fault is None:
+                raise
+            raise fault from exc
 
     def _prune(self) -> None:
-        for old in self._candidates()[self.keep :]:
-            shutil.rmtree(old, ignore_errors=True)
+        """Keep the ``keep`` newest checkpoints that verify; move corrupt ones aside, delete the rest."""
+        valid = 0
+        for path in self._candidates():
+            if valid < self.keep:
+                try:
+                    self._verify(path)
+                except CheckpointError as exc:
+                    self._move_aside(path, exc)
+                    continue
+                valid += 1
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                self._verified.discard(path)
+
+    def _verify(self, path: Path) -> None:
+        """``read`` unless this store wrote or verified ``path`` already (then it is trusted)."""
+        if path not in self._verified:
+            self.read(path)
+            self._verified.add(path)
+
+    def _remember_valid(self, path: Path) -> None:
+        self._verified.add(path)
+
+    def _move_aside(self, path: Path, exc: CheckpointError) -> Path | None:
+        """Rename a corrupt checkpoint to ``ckpt-<epoch>.corrupt`` (``.corrupt-2``... if taken)."""
+        target = path.with_name(path.name + CORRUPT_SUFFIX)
+        n = 2
+        while target.exists():
+            target = path.with_name(f"{path.name}{CORRUPT_SUFFIX}-{n}")
+            n += 1
+        try:
+            path.rename(target)
+        except OSError as rename_error:
+            logger.warning("corrupt checkpoint %s (%s) could not be moved aside: %s", path, exc, rename_error)
+            return None
+        self._verified.discard(path)
+        self.moved_aside.append((path, target))
+        logger.warning("corrupt checkpoint moved aside to %s: %s", target, exc)
+        return target
 
     def _candidates(self) -> list[Path]:
         """Checkpoint directories, newest first."""
@@ -226,12 +301,15 @@ class CheckpointStore:
         return Checkpoint(path=path, progress=TrainerProgress.from_json(meta["progress"]))
 
     def latest(self) -> Checkpoint | None:
-        """The newest checkpoint that verifies; corrupt newer ones are skipped with a warning."""
+        """The newest checkpoint that verifies; corrupt newer ones are moved aside with a warning."""
         for path in self._candidates():
             try:
-                return self.read(path)
+                checkpoint = self.read(path)
             except CheckpointError as exc:
-                logger.warning("skipping checkpoint: %s", exc)
+                self._move_aside(path, exc)
+                continue
+            self._remember_valid(path)
+            return checkpoint
         return None
 
     def load(
@@ -262,10 +340,18 @@ class CheckpointStore:
         return self.directory / COMPLETE_FILE
 
     def mark_complete(self, summary: dict[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".tmp-{COMPLETE_FILE}-{os.getpid()}"
-        tmp.write_text(json.dumps(summary, indent=1))
-        tmp.replace(self.complete_marker)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(summary, indent=1))
+            tmp.replace(self.complete_marker)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            fault = as_disk_fault(exc, what="completion marker", path=self.complete_marker)
+            if fault is None:
+                raise
+            raise fault from None
 
     def completion(self) -> dict[str, Any] | None:
         """The summary recorded when the job finished, or None while it has not."""

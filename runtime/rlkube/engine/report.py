@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlkube.engine.disk import DiskFault, as_disk_fault
+
 logger = logging.getLogger(__name__)
 
 #: "Mean return" everywhere means the mean of the last this-many finished training episodes.
@@ -235,9 +237,37 @@ class SummaryFiles:
 
 
 def notify(observers: Sequence[RunObserver], event: str, payload: Any) -> None:
-    """Call ``observer.<event>(payload)`` on each; a failing observer is logged, never fatal."""
+    """Call ``observer.<event>(payload)`` on each; a failing observer is logged, never fatal.
+
+    Except a disk fault (no space, read-only, no permission): that ends the run, as a
+    :class:`~rlkube.engine.disk.DiskFault` naming the observer's output, after every observer had
+    its turn (so a full disk under TensorBoard still lets the summary try).
+    """
+    fault: DiskFault | None = None
     for observer in observers:
         try:
             getattr(observer, event)(payload)
-        except Exception:
-            logger.exception("%s.%s failed", type(observer).__name__, event)
+        except Exception as exc:
+            found = as_disk_fault(exc, what=_output_of(observer), path=_where(observer))
+            if found is None:
+                logger.exception("%s.%s failed", type(observer).__name__, event)
+            elif fault is None:
+                fault = found
+    if fault is not None:
+        raise fault
+
+
+def _where(observer: object) -> str:
+    for name in ("log_dir", "path"):
+        if (value := getattr(observer, name, None)) is not None:
+            return str(value)
+    paths = getattr(observer, "paths", None)
+    return str(paths[0]) if paths else ""
+
+
+def _output_of(observer: object) -> str:
+    return {
+        "TensorBoardLog": "TensorBoard event file",
+        "LearningCurve": "learning curve",
+        "SummaryFiles": "summary",
+    }.get(type(observer).__name__, f"{type(observer).__name__} output")

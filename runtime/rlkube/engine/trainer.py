@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -175,7 +175,10 @@ class RankZeroEngine:
         self.publisher = ctx.publisher
         self.store = CheckpointStore(ctx.paths.checkpoints, keep=self.spec.checkpoint.keep)
         self.serial = 0
-        self.fragments_trained = 0
+        self.fragments_trained = 0  # by this incarnation
+        #: From the checkpoint resumed: fragments trained before it, in total and per incarnation.
+        self.trained_before = 0
+        self.trained_by_incarnation: dict[str, int] = {}
         self.fingerprint_checks: list[tuple[int, bool]] = []  # (version, every report consistent)
 
     # ------------------------------------------------------------------ steps
@@ -244,9 +247,14 @@ class RankZeroEngine:
             if checkpoint is not None:
                 progress = self.store.load(checkpoint, self.ctx.policy)
                 logger.info("resumed from %s (epoch %d)", checkpoint.path, progress.epoch)
+            if self.store.moved_aside:
+                moved = ", ".join(str(target) for _, target in self.store.moved_aside)
+                self.coordinator.update(message=f"corrupt checkpoints moved aside: {moved}")
         if progress.epoch == 0 and self.spec.checkpoint.path:
             self.ctx.policy.load_checkpoint(str(policy_file(self.spec.checkpoint.path)))
             logger.info("initial weights from %s", self.spec.checkpoint.path)
+        self.trained_before = int(progress.extra.get("fragments_trained", 0))
+        self.trained_by_incarnation = dict(progress.extra.get("trained_by_incarnation", {}))
         self.ctx.channel.share_state(self.ctx.policy, progress)
         return progress
 
@@ -309,7 +317,35 @@ class RankZeroEngine:
             self.save(tracker)
 
     def save(self, tracker: RunTracker) -> Path:
-        return self.store.save(self.ctx.policy, tracker.progress(now=self.ctx.clock()))
+        progress = tracker.progress(now=self.ctx.clock())
+        counts = {  # what the summary adds up over every incarnation of the run
+            "fragments_trained": self.trained_before + self.fragments_trained,
+            "trained_by_incarnation": self.trained_counts(),
+        }
+        progress = replace(progress, extra={**progress.extra, **counts})
+        path = self.store.save(self.ctx.policy, progress)
+        self.coordinator.checkpointed(epoch=progress.epoch)  # journalled fragments it holds can go
+        return path
+
+    def trained_counts(self) -> dict[str, int]:
+        return {**self.trained_by_incarnation, self.coordinator.incarnation: self.fragments_trained}
+
+    def incarnation_counts(self) -> dict[str, Any]:
+        """Acknowledged and trained fragments over every incarnation (sync engines journal acks)."""
+        journal = self.coordinator.journal
+        if journal is None:
+            return {}
+        acknowledged = journal.acknowledged_by_incarnation()
+        trained = self.trained_counts()
+        return {
+            "incarnations": {
+                name: {"acknowledged": acknowledged.get(name, 0), "trained": trained.get(name, 0)}
+                for name in sorted(set(acknowledged) | set(trained))
+            },
+            "fragments_acknowledged_total": sum(acknowledged.values()),
+            "fragments_trained_total": self.trained_before + self.fragments_trained,
+            "fragments_replayed": self.coordinator.replayed,
+        }
 
     def finish(
         self, tracker: RunTracker, *, stop_reason: str, details: dict[str, Any], episodes: int | None = None
@@ -330,6 +366,9 @@ class RankZeroEngine:
             )
             paths["checkpoint"] = str(latest.path if current and latest is not None else self.save(tracker))
         checks = self.fingerprint_checks
+        details = {**details, **self.incarnation_counts()}
+        if self.store.moved_aside:  # named in summary.json and by `rlkube run`
+            details = {**details, "corrupt_checkpoints": [str(t) for _, t in self.store.moved_aside]}
         first = self.coordinator.first_registration_at
         if first is not None:  # start-up inside wall_seconds: eval workers importing, envs starting
             details = {**details, "seconds_to_first_worker": round(max(0.0, first - tracker.started), 3)}

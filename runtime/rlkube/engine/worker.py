@@ -5,7 +5,10 @@ strategy, register (retrying until the coordinator answers), then lease tasks: l
 version the task needs (and report it, with its fingerprint), roll out one fragment or play
 the evaluation episodes, push the result (retried; the coordinator acknowledges a task once).
 A heartbeat thread keeps the registration alive; a coordinator that forgot the worker (it
-restarted) gets a new registration. SIGTERM drains: the fragment in progress is finished and
+restarted, or expired a worker that hung) gets a new registration. A worker waiting for a
+version of an incarnation that died (train rank 0 restarted) stops waiting as soon as it learns
+of it (a heartbeat, or the node's buffer handing it the new incarnation's weights), drops the
+task and registers again. SIGTERM drains: the fragment in progress is finished and
 pushed, then the worker deregisters and exits. When the job is over the worker idles until it
 is stopped (a StatefulSet would restart a pod that exits).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +28,7 @@ from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.wire import episodes_only, fragment_to_proto
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.envs.group import EnvGroup
+from rlkube.health import POD
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.spec import RLJob
 from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
@@ -58,11 +63,20 @@ class WorkerPlane(Protocol):
         incarnation: str | None = None,
         timeout: float = 60.0,
         stop: threading.Event | None = None,
+        abandon: Callable[[], bool] | None = None,
     ) -> tuple[str, int] | None: ...
 
     def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest: ...
 
     def close(self) -> None: ...
+
+
+#: While waiting for weights and holding another incarnation's, ask the coordinator this often.
+INCARNATION_PROBE_SECONDS = 0.5
+
+
+class IncarnationChanged(Exception):
+    """Train rank 0 restarted (or expired this worker) while the worker waited for its weights."""
 
 
 @dataclass
@@ -109,6 +123,7 @@ class EvalWorker:
         self.reported: tuple[str, int] | None = None
         self.stats = WorkerStats()
         self._registered = threading.Event()
+        self._probed_at = 0.0
         self._report_lock = threading.Lock()
         self._group: EnvGroup | None = None
         self._eval_group: EnvGroup | None = None
@@ -140,6 +155,7 @@ class EvalWorker:
         try:
             if not self._register():
                 return 0
+            POD.ready()
             # After registering: by then train rank 0 writes its own node's buffer, so a receiver
             # started here is elected only on nodes without a trainer.
             plane.start(policy)
@@ -178,7 +194,10 @@ class EvalWorker:
                 logger.info("waiting for the coordinator (%.0f s): %s", time.monotonic() - started, exc)
                 continue
             self.worker_id = response.worker_id
-            self.incarnation = response.incarnation or None
+            incarnation = response.incarnation or None
+            if incarnation != self.incarnation:  # rank 0 restarted: its version numbers start again
+                self.min_version = 0
+            self.incarnation = incarnation
             self.lease_seconds = response.lease_seconds or 15.0
             self.reported = None  # a new registration (maybe a new coordinator) has heard of no load yet
             # A new worker loads the newest weights before its first step.
@@ -190,19 +209,45 @@ class EvalWorker:
 
     def _heartbeat(self) -> None:
         while not self.stop.wait(max(1.0, self.lease_seconds / 3)):
-            try:
-                reply = self.client.heartbeat(pb.HeartbeatRequest(worker_id=self.worker_id))
-            except CoordinatorError as exc:
-                logger.debug("heartbeat failed: %s", exc)
-                continue
-            if not reply.known:
-                self._registered.clear()
+            self._beat()
+
+    def _beat(self) -> None:
+        """One heartbeat; a coordinator that does not know us (it restarted, or expired us) clears
+        the registration, which also ends any wait for a version of the old incarnation."""
+        try:
+            reply = self.client.heartbeat(pb.HeartbeatRequest(worker_id=self.worker_id))
+        except CoordinatorError as exc:
+            logger.debug("heartbeat failed: %s", exc)
+            return
+        if not reply.known:
+            self._registered.clear()
+
+    def _incarnation_gone(self, plane: WorkerPlane) -> bool:
+        """Is the incarnation this worker waits on dead? (Checked while waiting for its weights.)
+
+        True once the coordinator forgot us. When the node's buffer already handed the model
+        another incarnation's weights, we ask at once (at most every half second) instead of
+        waiting for the next heartbeat.
+        """
+        if not self._registered.is_set():
+            return True
+        key = plane.loaded_key()
+        if key is None or self.incarnation is None or key[0] == self.incarnation:
+            return False
+        now = time.monotonic()
+        if now - self._probed_at >= INCARNATION_PROBE_SECONDS:
+            self._probed_at = now
+            self._beat()
+        return not self._registered.is_set()
 
     # ------------------------------------------------------------------ work
     def _serve(self, policy: BasePolicy, plane: WorkerPlane, rollout: RolloutWorker) -> None:
         while not self.stop.is_set():
-            if not self._registered.is_set() and not self._register():
-                return
+            if not self._registered.is_set():
+                POD.ready(False)  # readiness follows the registration
+                if not self._register():
+                    return
+                POD.ready()
             try:
                 task = self.client.lease(self.worker_id, wait_seconds=LEASE_WAIT)
             except CoordinatorError as exc:
@@ -218,7 +263,12 @@ class EvalWorker:
                 return
             if task.kind == pb.Task.NONE:
                 continue
-            waited = self._load(policy, plane, max(task.min_version, self.min_version))
+            try:
+                waited = self._load(policy, plane, max(task.min_version, self.min_version))
+            except IncarnationChanged as exc:  # the task died with its incarnation: register again
+                logger.info("%s; dropping task %s and registering again", exc, task.task_id)
+                self._registered.clear()
+                continue
             if waited is None:  # stopped while waiting for the weights: the task goes back when we leave
                 return
             if task.kind == pb.Task.COLLECT:
@@ -230,11 +280,20 @@ class EvalWorker:
         """Make the model hold at least ``version``; report a newly loaded version. Seconds waited."""
         started = time.perf_counter()
         # Versions count within one incarnation of train rank 0 (a restarted rank 0 counts again).
+        waiting_for = self.incarnation
         key = plane.sync(
-            policy, min_version=version, incarnation=self.incarnation, timeout=120.0, stop=self.stop
+            policy,
+            min_version=version,
+            incarnation=waiting_for,
+            timeout=120.0,
+            stop=self.stop,
+            abandon=lambda: self._incarnation_gone(plane),
         )
         if self.stop.is_set() and (key is None or key[1] < version):
             return None
+        held = key is not None and key[1] >= version and waiting_for in (None, key[0])
+        if not held and self._incarnation_gone(plane):
+            raise IncarnationChanged(f"incarnation {waiting_for} is gone while waiting for its v{version}")
         waited = time.perf_counter() - started
         if key is None or key[1] < version or (self.incarnation and key[0] != self.incarnation):
             raise RuntimeError(f"weights v{version} did not arrive within 120 s (holding {key})")

@@ -116,8 +116,11 @@ class EnvGroup:
             vector_cls = AsyncVectorEnv
         else:
             raise EnvError(f"spec.env.vectorization: got {vectorization!r}, expected 'sync' or 'async'")
+        # Async env processes are spawned, never forked: an eval worker has live gRPC threads
+        # (its coordinator channel) by the time it builds the evaluation envs.
+        options: dict[str, Any] = {"context": "spawn"} if vector_cls is AsyncVectorEnv else {}
         try:
-            self.envs = vector_cls([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+            self.envs = vector_cls([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **options)
         except TypeError as exc:  # unexpected keyword arguments of the env constructor
             raise EnvError(f"spec.env.kwargs: {env_id} refused them: {exc}") from exc
         except ValueError as exc:  # a wrapper that does not fit the env (named by wrap_env)

@@ -22,6 +22,7 @@ from rich.text import Text
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.engine.checkpoint import CheckpointStore
+from rlkube.engine.disk import DiskFault, check_writable, describe, is_disk_error
 from rlkube.engine.run_paths import RunPaths
 from rlkube.failure import format_console
 from rlkube.jobfile import dump_job
@@ -92,8 +93,16 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
     if done is not None:
         print_result(summary_from_json(done, already_complete=True), paths, args.summary)
         return 0
-    paths.create()
-    paths.job.write_text(dump_job(job))
+    try:
+        check_writable(paths.run_dir, what="run directory")
+        check_writable(paths.checkpoints, what="checkpoint directory")
+        paths.create()
+        paths.job.write_text(dump_job(job))
+    except (DiskFault, OSError) as exc:
+        if not is_disk_error(exc):
+            raise
+        print(f"rlkube: {describe(exc)}", file=sys.stderr)
+        return 1
     nodes = max(1, int(args.nodes))
     layout = Layout(
         job=job,
@@ -125,11 +134,17 @@ def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int
         if outcome.code != 130:
             write_failure_summary(paths, outcome.failure, outcome.message, extra_summary)
         return outcome.code
-    data = json.loads(paths.summary.read_text())
+    try:
+        data = json.loads(paths.summary.read_text())
+    except (OSError, ValueError):  # rank 0 could not write it (a full disk): the marker holds the same
+        data = CheckpointStore(paths.checkpoints).completion() or {}
+        print(f"rlkube: {paths.summary} was not written; the figures below are from the completion marker")
     if extra_summary is not None:
         extra_summary.parent.mkdir(parents=True, exist_ok=True)
         extra_summary.write_text(json.dumps(data, indent=2) + "\n")
     print_result(summary_from_json(data), paths, extra_summary)
+    for moved in data.get("corrupt_checkpoints", []):
+        print(f"  corrupt     a checkpoint that did not verify was moved aside: {moved}")
     if "fingerprint_checks" in data:
         verdict = "consistent" if data.get("fingerprints_consistent") else "INCONSISTENT"
         print(f"  weights     train/eval fingerprints {verdict} over {data['fingerprint_checks']} versions")

@@ -9,6 +9,9 @@ simulated node. The supervisor then behaves like the StatefulSet controller plus
 - a train rank that fails takes the whole train group down and up again: every rank resumes
   from the newest checkpoint; what counts against ``runPolicy.backoffLimit`` and when
   ``activeDeadlineSeconds`` is due are :mod:`rlkube.run_policy`'s decisions, the operator's too;
+  one that exits on a disk fault (exit 3: no space, read-only) ends the run at once with its
+  one-line reason, since a restart would meet the same disk (the run and checkpoint directories
+  are checked writable before anything starts);
 - an eval worker that keeps failing fails the job once it was restarted more than
   ``runPolicy.evalBackoffLimit`` times (a scale-down is not a failure);
 - the job is finished when rank 0 writes the completion marker (``checkpoints/COMPLETE.json``,
@@ -36,8 +39,10 @@ from pathlib import Path
 from rlkube import contract, run_policy
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
+from rlkube.engine.disk import EXIT_DISK_FAULT, MARK, DiskFault, check_writable, describe, is_disk_error
 from rlkube.engine.run_paths import RunPaths
 from rlkube.failure import Failure, failure_from_log
+from rlkube.health import HEALTH_PORT_ENV
 from rlkube.launch.processes import RestartBackOff, free_port, signal_group, spawn, tail
 from rlkube.run_policy import RestartLedger
 from rlkube.spec import RLJob
@@ -181,6 +186,14 @@ def last_failure(proc: Proc) -> Failure | None:
     return failure_from_log(text[text.rfind(marker) :] if marker in text else text, pod=proc.name)
 
 
+def disk_fault_line(log_path: Path) -> str | None:
+    """The one-line reason a pod printed before it exited on a disk fault (``... disk fault: ...``)."""
+    for line in reversed(tail(log_path, lines=50).splitlines()):
+        if MARK in line:
+            return line.removeprefix("rlkube pod: ")
+    return None
+
+
 @dataclass
 class Supervisor:
     """Starts, watches, restarts and stops the processes of one local run."""
@@ -205,6 +218,9 @@ class Supervisor:
 
     # -------------------------------------------------------------- starting
     def prepare(self) -> None:
+        """Directories, control file; a run or checkpoint directory that takes no file is a DiskFault."""
+        check_writable(self.layout.run_dir, what="run directory")
+        check_writable(RunPaths(self.layout.run_dir).checkpoints, what="checkpoint directory")
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         (self.layout.run_dir / "logs").mkdir(exist_ok=True)
         sweep_stale_shm_roots(self.layout.shm_root.parent)
@@ -223,7 +239,10 @@ class Supervisor:
         name = self.layout.pod_name(role, index)
         log_path = self.layout.run_dir / "logs" / f"{name}.log"
         env = {**self.base_env, **pod_env(self.layout, role, index)}
-        popen = spawn(self.command, env, log_path, header=f"{name} started (restart {restarts})")
+        # Health on any free port: the "pods" share one host (and no kubelet probes them).
+        env[HEALTH_PORT_ENV] = "0"
+        started = time.strftime("%H:%M:%S")
+        popen = spawn(self.command, env, log_path, header=f"{name} started at {started} (restart {restarts})")
         return Proc(name, role, index, popen, log_path, time.monotonic(), restarts)
 
     # -------------------------------------------------------------- control
@@ -291,6 +310,8 @@ class Supervisor:
         failed = [p for p in self.train.values() if p.popen.poll() is not None]
         if failed:
             culprit = failed[0]
+            if culprit.popen.returncode == EXIT_DISK_FAULT:  # a restart would meet the same disk
+                return Outcome(1, disk_fault_line(culprit.log_path) or f"{culprit.name}: {MARK} see its log")
             limit = self.layout.job.spec.run_policy.backoff_limit
             ledger = self.restart_ledger.group_restarted(self.layout.job.spec.trainer.replicas)
             if run_policy.backoff_exceeded(ledger.group_restarts, limit):
@@ -422,6 +443,12 @@ def supervise(
                 on_tick(supervisor)
             time.sleep(interval)
         return Outcome(130, "interrupted: stopped every process")
+    except OSError as exc:  # the supervisor's own writes (logs, cluster.json) on a full disk
+        if not is_disk_error(exc):
+            raise
+        return Outcome(1, describe(exc))
+    except DiskFault as exc:
+        return Outcome(1, str(exc))
     finally:
         supervisor.shutdown()
         for sig, handler in previous.items():

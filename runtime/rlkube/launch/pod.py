@@ -4,7 +4,8 @@ I/O. Reads the env contract (``rlkube.contract``; a missing or malformed variabl
 naming it, exit 2), the job manifest it points to, imports the job's modules, and runs this
 pod's role: a train rank (``rlkube.launch.train``) or an eval worker
 (``rlkube.engine.worker``). SIGTERM asks for a clean stop: eval workers drain, rank 0 saves a
-checkpoint. Exit codes: 0 stopped cleanly, 1 failed, 2 bad contract or job, 143 stopped mid-run.
+checkpoint. Exit codes: 0 stopped cleanly, 1 failed, 2 bad contract or job, 3 a disk fault (one line
+saying what could not be written where), 143 stopped mid-run.
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ import threading
 import traceback
 
 from rlkube.contract import EnvContractError, PodEnv, Role, read_pod_env
+from rlkube.engine.disk import EXIT_DISK_FAULT, describe, is_disk_error
+from rlkube.health import POD
 from rlkube.jobfile import load_job
+from rlkube.launch.processes import die_with_supervisor
 from rlkube.spec import RLJob, SpecError
 
 logger = logging.getLogger("rlkube.pod")
 
 
 def main(args: argparse.Namespace | None = None) -> int:
+    if not die_with_supervisor(os.environ):
+        return 143
     try:
         env = read_pod_env(os.environ)
     except EnvContractError as exc:
@@ -51,12 +57,18 @@ def main(args: argparse.Namespace | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigterm)
+    POD.serve()  # liveness now; readiness when the role says so
     try:
         return run_role(job, env, policy_cls, stop)
     except Exception as exc:
+        if is_disk_error(exc):  # not a bug, and a restart does not fix it: one line, no traceback
+            print(f"rlkube pod: {env.pod_name} stopped: {describe(exc)}", file=sys.stderr, flush=True)
+            return EXIT_DISK_FAULT
         traceback.print_exc()
         print(f"rlkube pod: {env.pod_name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        POD.close()
 
 
 def run_role(job: RLJob, env: PodEnv, policy_cls: type, stop: threading.Event) -> int:

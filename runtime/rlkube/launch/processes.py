@@ -12,8 +12,7 @@ import os
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,25 +50,27 @@ class RestartBackOff:
         return 1 if ran_for >= self.reset_after else failures + 1
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # not Linux: the supervisor still stops its children itself
-        return None
+#: The supervisor's pid, set in a child's env so the child can arrange to die with it (a local run).
+SUPERVISOR_PID_ENV = "RLKUBE_SUPERVISOR_PID"
 
 
-# Resolved once, here: the child calls it between fork and exec, where nothing should be loaded.
-_prctl = _load_prctl()
+def die_with_supervisor(environ: Mapping[str, str]) -> bool:
+    """In a child, after exec: SIGTERM when the supervisor that started it dies, even by SIGKILL.
 
-
-def die_with_parent() -> None:
-    """In a child before exec: SIGTERM when the supervisor dies, even by SIGKILL.
-
-    Children run in sessions of their own (so a terminal's Ctrl-C reaches only the supervisor,
-    which stops them in order); without this, a killed supervisor would leave them running.
+    Done in the child rather than in a ``preexec_fn``, which would make the supervisor run Python
+    between fork and exec with its gRPC threads alive. Children run in sessions of their own (so a
+    terminal's Ctrl-C reaches only the supervisor, which stops them in order); without this, a
+    killed supervisor would leave them running. False when the supervisor is already gone.
     """
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    expected = environ.get(SUPERVISOR_PID_ENV)
+    if not expected:
+        return True
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: Ctrl-C and SIGTERM still stop every child
+        return True
+    return os.getppid() == int(expected)  # it died before the request: nobody would signal us
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:
@@ -85,27 +86,34 @@ def spawn(
     env: Mapping[str, str],
     log_path: Path,
     *,
-    header: str = "",
+    header: str = "",  # a first line for the log, after "==== "
     cwd: Path | None = None,
+    die_with_us: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """Start ``command`` in a session of its own, dying with us, its output appended to ``log_path``.
+    """Start ``command`` in a session of its own, its output appended to ``log_path``.
 
-    Raises OSError when the command cannot be started (a missing executable).
+    ``die_with_us``: the child gets :data:`SUPERVISOR_PID_ENV` and, when it calls
+    :func:`die_with_supervisor` (``rlkube pod`` does), dies with this process. No ``preexec_fn``:
+    no Python runs between fork and exec, so CPython uses vfork/exec and live gRPC threads are never
+    forked into a child. Raises OSError when the command cannot be started (a missing executable).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         if header:
-            log.write(f"==== {header} at {time.strftime('%H:%M:%S')}\n".encode())
+            log.write(f"==== {header}\n".encode())
             log.flush()
         return subprocess.Popen(
             list(command),
-            env={**RUNTIME_DEFAULTS, **env},
+            env={
+                **RUNTIME_DEFAULTS,
+                **env,
+                **({SUPERVISOR_PID_ENV: str(os.getpid())} if die_with_us else {}),
+            },
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent,
         )
 
 

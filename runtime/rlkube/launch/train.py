@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -32,10 +33,12 @@ import torch.distributed as dist
 from rlkube import contract
 from rlkube.contract import PodEnv
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.coordinator.journal import JOURNAL_DIR, AckJournal
 from rlkube.coordinator.service import CoordinatorServer
 from rlkube.coordinator.state import Coordinator
 from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
+from rlkube.engine.disk import check_writable
 from rlkube.engine.eval_engine import EvalEngine
 from rlkube.engine.ranks import RankChannel
 from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
@@ -43,6 +46,7 @@ from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.sync_engine import SyncEngine
 from rlkube.engine.trainer import RankZeroEngine, Stopped, TrainContext, follow
 from rlkube.envs.group import EnvGroup
+from rlkube.health import POD
 from rlkube.launch.progress import PlainProgress
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import Engine, RLJob
@@ -143,12 +147,22 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
     coordinator: Coordinator | None = None
     publisher: WeightPublisher | None = None
     if env.rank == 0:
+        # Before anything trains: a read-only or full run directory is one line now, not a
+        # traceback at the first checkpoint (rlkube pod exits 3 on it).
+        check_writable(paths.run_dir, what="run directory")
+        CheckpointStore(paths.checkpoints).check_writable()
         paths.create()
         done = CheckpointStore(paths.checkpoints).completion()
         coordinator = Coordinator(job, world_size=env.world_size)
+        if job.spec.engine is Engine.SYNC:  # acknowledged means durable (rlkube.coordinator.journal)
+            journal_dir = paths.checkpoints / JOURNAL_DIR
+            if not job.spec.checkpoint.resume:
+                shutil.rmtree(journal_dir, ignore_errors=True)  # a fresh start replays nothing
+            coordinator.journal = AckJournal(journal_dir, incarnation=coordinator.incarnation).open()
         server = CoordinatorServer(
-            coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late]
+            coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late, POD.handler()]
         ).start()
+        POD.ready()  # rank 0 is ready once its coordinator answers (eval workers wait on it)
         if done is not None:
             logger.info(
                 "%s is complete (%s); serving its final status", job.name, paths.checkpoints / "COMPLETE.json"
@@ -201,6 +215,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             late.inner = weight_store_handler(publisher.board)
             ENGINES[job.spec.engine](ctx).run()
         else:
+            POD.ready()  # joined training
             follow(ctx)
     except Stopped:
         _stop_serving(server, publisher)

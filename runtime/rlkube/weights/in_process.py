@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -89,8 +89,13 @@ class InProcessPlane:
         incarnation: str | None = None,
         timeout: float = 60.0,
         stop: threading.Event | None = None,
+        abandon: Callable[[], bool] | None = None,
     ) -> Key | None:
-        """Load the newest version, waiting (up to ``timeout``, or until ``stop``) for ``min_version``."""
+        """Load the newest version, waiting (up to ``timeout``, or until ``stop``) for ``min_version``.
+
+        ``abandon`` is the cluster plane's hook for incarnation changes; in process there is one
+        incarnation, so it is never asked.
+        """
         deadline = time.monotonic() + timeout
 
         def satisfied(key: Key | None) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -86,6 +87,7 @@ class EvalPlaneConfig:
             worker_id=worker_id,
             node_name=node_name,
             streams=spec.streams,
+            slot_wait_timeout=spec.pin_timeout_seconds,
         )
 
     @property
@@ -154,16 +156,21 @@ class EvalWeightPlane:
         incarnation: str | None = None,
         timeout: float = 60.0,
         stop: threading.Event | None = None,
+        abandon: Callable[[], bool] | None = None,
     ) -> tuple[str, int] | None:
         """Make sure the model holds ``min_version`` or newer; returns (incarnation, version) held.
 
         With ``incarnation`` the version must also come from it (train rank 0 restarted: its
         numbers start again). Background strategies: load the newest snapshot of the node's buffer
         in this thread (waiting for it to arrive); None: fetch and load here. Returns what the
-        model holds when the timeout passes or ``stop`` is set (maybe None).
+        model holds when the timeout passes, ``stop`` is set or ``abandon()`` says the wait is
+        pointless (the caller learnt that ``incarnation`` is dead), maybe None.
         """
         deadline = time.monotonic() + timeout
         stop = stop or threading.Event()  # never set: wait out the timeout
+
+        def give_up() -> bool:
+            return stop.is_set() or (abandon is not None and abandon())
 
         def satisfied(key: tuple[str, int] | None) -> bool:
             return key is not None and key[1] >= min_version and incarnation in (None, key[0])
@@ -173,7 +180,7 @@ class EvalWeightPlane:
                 waiting = not satisfied(self.loader.current_key)
                 left = max(0.0, deadline - time.monotonic())
                 self.loader.load_newest(policy, wait=min(left, 1.0) if waiting else 0.05)
-                if satisfied(self.loader.current_key) or time.monotonic() >= deadline or stop.is_set():
+                if satisfied(self.loader.current_key) or time.monotonic() >= deadline or give_up():
                     return self.loader.current_key
         while time.monotonic() < deadline:
             # Held already: no update cycle (the watcher nudges the updater for newer versions itself).
@@ -183,7 +190,7 @@ class EvalWeightPlane:
             if satisfied(self.loaded_key()):
                 break
             # Not in this node's buffer yet (its receiver is still fetching).
-            if stop.wait(0.005):
+            if stop.wait(0.005) or give_up():
                 break
         return self.loaded_key()
 

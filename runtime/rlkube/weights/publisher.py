@@ -58,7 +58,8 @@ class PublisherConfig:
     advertise: str | None = None
     #: WeightStore addresses of the other train ranks, announced as extra sources (Sharded).
     peers: tuple[str, ...] = ()
-    #: How long send() waits for eval readers to leave the slot it must overwrite.
+    #: How long send() waits for eval readers to leave the slot it must overwrite; then it
+    #: reclaims the slot from them (see rlkube.weights.shm), never failing for a hung reader.
     slot_wait_timeout: float = 30.0
     #: Changes when train rank 0 restarts; default: random per publisher.
     incarnation: str | None = None
@@ -92,6 +93,7 @@ class PublisherConfig:
             peers=tuple(peers),
             incarnation=incarnation,
             chunk_bytes=spec.chunk_bytes,
+            slot_wait_timeout=spec.pin_timeout_seconds,
         )
 
 
@@ -183,8 +185,9 @@ class WeightPublisher:
     ) -> int:
         """Publish ``{module: {param: tensor}}`` as the next version (or ``version``); returns it.
 
-        Returns once the version is committed in this node's buffer and servable. Raises
-        SlotBusyError if local eval readers hold the slot past ``slot_wait_timeout``.
+        Returns once the version is committed in this node's buffer and servable. A local eval
+        reader that holds the slot past ``slot_wait_timeout`` loses it (the slot is reclaimed with
+        new files; that reader keeps its unchanged older copy), so a hung reader never fails this.
         """
         number = self._version + 1 if version is None else int(version)
         layout = layout_of(state_dict)  # from this very state dict: validates it, so no second check

@@ -12,6 +12,17 @@ dies), so there is no memory-ordering subtlety and no lock left behind by SIGKIL
 
 A writer killed mid-write leaves a WRITING slot that is not latest: readers keep the previous
 version and the next writer marks the slot EMPTY and reuses it.
+
+A reader that holds a pin past ``slot_wait_timeout`` (its process hung: SIGSTOP, a stuck GIL, a
+dead NFS mount) loses the slot: the writer **reclaims** it by replacing the slot's files, never
+its bytes. It creates a new pin file (locked exclusively before it is renamed into place) and a
+new slot file (a new ``file_gen``) and writes the version there; the hung reader keeps its pin
+on the old, unlinked pin file and its mapping of the old, unlinked slot file, whose bytes nobody
+writes again, so its zero-copy views stay valid and unchanged (a consistent, older version)
+until it lets go. The kernel frees those pages when the last mapping goes (the reader moves to a
+newer version, or dies). Readers check, after pinning, that the pin file they locked is still the
+one the path names (``FileLock.same_file``), so nobody pins a reclaimed slot by its old file.
+``on_busy="raise"`` restores the old behaviour (:class:`SlotBusyError`) for callers that want it.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -115,11 +127,20 @@ class ShmWriter:
     """The one writer of a buffer directory. ``open()`` elects it (or raises WriterBusyError)."""
 
     def __init__(
-        self, directory: Path | str, *, slot_wait_timeout: float = 30.0, remove_on_close: bool = True
+        self,
+        directory: Path | str,
+        *,
+        slot_wait_timeout: float = 30.0,
+        remove_on_close: bool = True,
+        on_busy: Literal["reclaim", "raise"] = "reclaim",
     ) -> None:
         self.directory = Path(directory)
+        #: Seconds a reader may keep the slot the writer needs pinned before it loses it.
         self.slot_wait_timeout = slot_wait_timeout
         self.remove_on_close = remove_on_close
+        self.on_busy = on_busy
+        #: Slots taken from readers that held their pin past ``slot_wait_timeout``.
+        self.reclaimed = 0
         self._attach: FileLock | None = None
         self._writer_lock: FileLock | None = None
         self._header_mm: mmap.mmap | None = None
@@ -253,10 +274,13 @@ class ShmWriter:
                     fcntl.LOCK_EX, timeout=self.slot_wait_timeout, what=f"writer waiting for slot {index}"
                 )
             except LockTimeout as exc:
-                raise SlotBusyError(
-                    f"{exc}; readers pin a slot while their models use it (view mode) and move off "
-                    "when they load the next version"
-                ) from exc
+                if self.on_busy == "raise":
+                    raise SlotBusyError(
+                        f"{exc}; readers pin a slot while their models use it (view mode) and move off "
+                        "when they load the next version"
+                    ) from exc
+                self._reclaim(index, header.slots[index], exc)
+                header = read_header(self._header_mm)
             finally:
                 self._wanted[index].clear()
             try:
@@ -335,6 +359,36 @@ class ShmWriter:
         finally:
             self._lock.release()
 
+    def _reclaim(self, index: int, meta: SlotMeta, why: LockTimeout) -> None:
+        """Take slot ``index`` from a reader that kept it pinned too long (see the module docstring).
+
+        Called with the slot not latest and this writer's lock held. Afterwards this writer holds
+        the new pin file exclusively and the slot has a new, empty slot file.
+        """
+        assert self._header_mm is not None
+        path = pin_path(self.directory, index)
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+        fresh = FileLock(tmp)
+        if not fresh.try_acquire(fcntl.LOCK_EX):  # a new file nobody else has opened
+            fresh.close()
+            raise SlotBusyError(f"slot {index}: could not lock a fresh pin file") from why
+        os.replace(tmp, path)
+        fresh.path = path
+        self._pins[index].close()
+        self._pins[index] = fresh
+        # The slot's bytes stay the hung reader's: the version goes to a new file (a new file_gen).
+        write_slot(self._header_mm, index, SlotMeta(capacity=0, file_gen=meta.file_gen))
+        mapping = self._create_slot_file(slot_path(self.directory, index), max(meta.capacity, 1))
+        self._maps[index] = mapping
+        write_slot(self._header_mm, index, SlotMeta(capacity=mapping.capacity, file_gen=mapping.file_gen))
+        self.reclaimed += 1
+        logger.warning(
+            "%s; reclaimed slot %d: the reader keeps its pinned, unchanged copy (an older version) "
+            "until it lets go, new readers get the new files",
+            why,
+            index,
+        )
+
     def _write_layout(self, layout: WeightLayout) -> None:
         path = layout_path(self.directory, layout.digest)
         if path.exists():
@@ -395,9 +449,9 @@ class ShmWriter:
             if meta.state != SlotState.READY or meta.key != (incarnation, version):
                 continue
             pin = FileLock(pin_path(self.directory, index))
-            if not pin.try_acquire(fcntl.LOCK_SH):
+            if not pin.try_acquire(fcntl.LOCK_SH) or not pin.same_file():
                 pin.close()
-                return None  # the writer is overwriting it
+                return None  # the writer is overwriting (or reclaimed) it
             meta = read_slot(self._header_mm, index)
             mapping = self._maps[index]
             if meta.state != SlotState.READY or meta.key != (incarnation, version) or mapping is None:

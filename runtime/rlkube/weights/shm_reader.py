@@ -169,7 +169,8 @@ class ShmReader:
             if header.slots[index].key == newer_than:
                 return None
             pin = FileLock(pin_path(self.directory, index))
-            if pin.try_acquire(fcntl.LOCK_SH):
+            # same_file: a writer that reclaimed the slot from a hung reader replaced the pin file.
+            if pin.try_acquire(fcntl.LOCK_SH) and pin.same_file():
                 assert mm is not None
                 meta = read_slot(mm, index)
                 if meta.state == SlotState.READY and read_header(mm).latest == index:

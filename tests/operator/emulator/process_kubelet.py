@@ -27,7 +27,7 @@ gone, which is the ordering a real StatefulSet keeps.
 What it does not emulate: init containers are skipped and reported ``Completed``; the only one
 the operator renders (``weights-dir``) chowns a hostPath to the image's user, which needs root,
 and here every process runs as the current user, who owns the directories the kubelet makes.
-Probes are not run (render sets none): a running container is Ready. One container per pod (the
+Probes are not run (render sets gRPC ones; here a running container is Ready). One container per pod (the
 operator renders one). The image, resources, securityContext and node selectors are ignored.
 
 :meth:`ProcessKubelet.close` stops every process (SIGTERM, SIGKILL after ``close_grace``), closes
@@ -361,7 +361,9 @@ class ProcessKubelet:
         run.log_dir.mkdir(parents=True, exist_ok=True)
         log_file = run.log_dir / f"{restart}.log"  # as /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log
         try:
-            run.popen = spawn(command, env, log_file, cwd=run.sandbox.rootfs if run.sandbox else None)
+            run.popen = spawn(
+                command, env, log_file, cwd=run.sandbox.rootfs if run.sandbox else None, die_with_us=False
+            )
         except OSError as exc:
             run.failures += 1
             run.next_start = now + self.backoff.delay(run.failures)
