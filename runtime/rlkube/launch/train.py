@@ -37,6 +37,7 @@ from rlkube.coordinator.state import Coordinator
 from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.eval_engine import EvalEngine
+from rlkube.engine.pod_metrics import bind_coordinator
 from rlkube.engine.ranks import RankChannel
 from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
 from rlkube.engine.run_paths import RunPaths
@@ -146,6 +147,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         paths.create()
         done = CheckpointStore(paths.checkpoints).completion()
         coordinator = Coordinator(job, world_size=env.world_size)
+        bind_coordinator(coordinator)  # rank 0's /metrics reads it
         server = CoordinatorServer(
             coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late]
         ).start()

@@ -26,6 +26,7 @@ import grpc
 import torch
 
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.metrics import series as metrics
 from rlkube.weights.copies import chunk_digests, copy_tensor_into_slot, hash_list_root
 from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.layout import (
@@ -203,6 +204,8 @@ class WeightPublisher:
         # hash for remote receivers while they swap the new version in.
         grid = self.config.chunk_bytes
         meta = self.writer.commit(lease, checksum=None, chunk_bytes=grid)
+        metrics.PUBLISH_SECONDS.labels(stage="committed").observe(time.perf_counter() - started)
+        metrics.PUBLISHED_BYTES.inc(layout.total_bytes)
         digests = chunk_digests(lease.array, grid)
         total = hash_list_root(digests)
         self.writer.record_checksum(lease.index, (self.incarnation, number), total)
@@ -223,6 +226,7 @@ class WeightPublisher:
             layout,
             digests,
         )
+        metrics.PUBLISH_SECONDS.labels(stage="announced").observe(time.perf_counter() - started)
         logger.debug(
             "published version %d (%d bytes) in %.1f ms",
             number,
