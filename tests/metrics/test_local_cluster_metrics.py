@@ -36,7 +36,9 @@ def wait_for_restart(run: LocalRun, pod: str, old_pid: int, *, timeout: float) -
     raise AssertionError(f"{pod} did not come back within {timeout:.0f} s")
 
 
-def test_rank_zero_and_eval_workers_export_progress_weights_and_trajectories(local_run, tmp_path: Path) -> None:
+def test_rank_zero_and_eval_workers_export_progress_weights_and_trajectories(
+    local_run, tmp_path: Path
+) -> None:
     # async: lags are recorded; 2 nodes: small-eval-1 is node-1's receiver and fetches over gRPC.
     job = write_job(
         tmp_path,
@@ -75,8 +77,10 @@ def test_rank_zero_and_eval_workers_export_progress_weights_and_trajectories(loc
 
     local, remote = (scrape(metrics_url(run, pod)) for pod in ("small-eval-0", "small-eval-1"))
     for worker in (local, remote):
-        assert 1 <= value(worker, "rlkube_eval_loaded_version") <= value(
-            scrape(metrics_url(run, "small-train-0")), "rlkube_train_weight_version"
+        assert (
+            1
+            <= value(worker, "rlkube_eval_loaded_version")
+            <= value(scrape(metrics_url(run, "small-train-0")), "rlkube_train_weight_version")
         )
         assert value(worker, "rlkube_eval_env_steps_total") > 0
         assert value(worker, "rlkube_eval_fragments_total") > 0

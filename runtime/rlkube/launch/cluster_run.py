@@ -25,7 +25,7 @@ from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.report import RunSummary
 from rlkube.engine.run_paths import RunPaths
 from rlkube.jobfile import dump_job
-from rlkube.launch.local import Layout, Outcome, Ports, Supervisor, supervise
+from rlkube.launch.local import CLUSTER_FILE, Layout, Outcome, Ports, Supervisor, supervise
 from rlkube.spec import RLJob
 
 SHM_ROOT = Path("/dev/shm")
@@ -112,7 +112,8 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
     print(
         f"{job.name}: {job.spec.trainer.replicas} train ranks, {job.spec.evaluator.replicas} eval workers on "
         f"{nodes} simulated node(s), strategy {job.spec.policy.weight_buffer.strategy.value}; "
-        f"run directory {paths.run_dir}\n  scale with: rlkube scale {paths.run_dir} --evaluators K",
+        f"run directory {paths.run_dir}\n  scale with: rlkube scale {paths.run_dir} --evaluators K"
+        f"\n  metrics: each process serves /metrics on its own port, see {paths.run_dir / CLUSTER_FILE}",
         flush=True,
     )
     live = not args.no_progress and Console().is_terminal

@@ -230,10 +230,21 @@ EVAL.register(EVAL_FIGURES)
 
 
 def series_names(*registries: CollectorRegistry) -> set[str]:
-    """Every family and sample name the registries expose (``_bucket``, ``_total`` ... included)."""
+    """Every family and sample name the registries define (``_bucket``, ``_total`` ... included).
+
+    From the families' types, so a labelled series nobody has observed yet is listed too.
+    """
     names: set[str] = set()
     for registry in registries or (RANK_ZERO, TRAIN, EVAL):
         for family in registry.collect():
             names.add(family.name)
+            names.update(family.name + suffix for suffix in _SAMPLE_SUFFIXES.get(family.type, ()))
             names.update(sample.name for sample in family.samples)
     return names
+
+
+_SAMPLE_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("_sum", "_count", "_created"),
+}
