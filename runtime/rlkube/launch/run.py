@@ -22,7 +22,8 @@ from datetime import datetime
 from pathlib import Path
 
 from rlkube.engine.in_process import EngineError, InProcessEngine
-from rlkube.engine.report import LearningCurve, RunObserver, RunSummary, SummaryFiles, TensorBoardLog
+from rlkube.engine.loggers import backend_observers
+from rlkube.engine.report import LearningCurve, RunObserver, RunSummary, SummaryFiles
 from rlkube.engine.run_paths import RunPaths
 from rlkube.envs.group import EnvError, check_env_id
 from rlkube.jobfile import dump_job, load_job
@@ -134,9 +135,13 @@ def _fresh_run_dir(job_name: str) -> RunPaths:
 
 
 def _observers(job: RLJob, paths: RunPaths, args: argparse.Namespace) -> list[RunObserver]:
-    observers: list[RunObserver] = []
-    if job.spec.log.tensorboard:
-        observers.append(TensorBoardLog(paths.tensorboard))
+    observers: list[RunObserver] = backend_observers(
+        job.spec.log,
+        run_dir=paths.run_dir,
+        tensorboard_dir=paths.tensorboard,
+        job=job.name,
+        config=job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    )
     observers += [LearningCurve(paths.plot), SummaryFiles(paths.summary, args.summary)]
     from rich.console import Console
 
