@@ -32,3 +32,28 @@ def test_services_do_not_carry_the_metrics_port() -> None:
     for obj in r.render(parse_job(MINIMAL_JOB), SETTINGS):
         if obj["kind"] == "Service":
             assert c.METRICS_PORT not in {p["port"] for p in obj["spec"].get("ports", [])}
+
+
+def test_the_cluster_in_a_box_gives_every_pod_its_own_metrics_port() -> None:
+    from tests.operator.emulator.podnet import JobPorts, cluster_addresses
+
+    ports = JobPorts(1, 2)
+    rendered = {"RLKUBE_METRICS_PORT": str(c.METRICS_PORT)}
+    pods = [("train", "0"), ("eval", "0"), ("eval", "1")]
+    got = [
+        cluster_addresses(
+            {**rendered, "RLKUBE_ROLE": role, "RLKUBE_REPLICA_INDEX": index},
+            job="cp",
+            namespace="rl",
+            ports=ports,
+        )["RLKUBE_METRICS_PORT"]
+        for role, index in pods
+    ]
+    assert len(set(got)) == 3
+    again = cluster_addresses(
+        {**rendered, "RLKUBE_ROLE": "eval", "RLKUBE_REPLICA_INDEX": "1"},
+        job="cp",
+        namespace="rl",
+        ports=ports,
+    )
+    assert again["RLKUBE_METRICS_PORT"] == got[2]  # a restarted pod serves where it did
