@@ -6,6 +6,7 @@
 #   make cluster  start the API emulator, the operator and a kubelet that runs pods as local processes,
 #                 print the KUBECONFIG to export (CLUSTER_ARGS="--kubelet ready --simulate-training": run nothing)
 #   make lint     ruff, mypy, import layers, yamllint, shellcheck, hadolint
+#   make gpu-check on a machine with an NVIDIA GPU: NCCL selection, CUDA weight copies, a DDP step
 #   make generate regenerate crds/, the chart's CRD copy, docs/rljob-reference.md and runtime/rlkube/_proto
 
 PYTHON ?= python3
@@ -22,7 +23,7 @@ DEMO_ARGS ?= --nodes 2 --summary runs/demo-summary.json
 PYTEST_ARGS ?=
 CLUSTER_ARGS ?=
 
-.PHONY: demo test test-quick test-all lint generate cluster bench clean
+.PHONY: demo test test-quick test-all lint generate cluster bench gpu-check clean
 
 $(VENV)/.base: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rlkube needs Python 3.11 or newer")'
@@ -65,7 +66,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(VENV)/bin/yamllint --strict -c tests/delivery/yamllint.yaml $(DELIVERY_YAML)
-	$(VENV)/bin/shellcheck $(SHELLCHECK_ARGS) e2e/run.sh
+	$(VENV)/bin/shellcheck $(SHELLCHECK_ARGS) e2e/run.sh benchmarks/gpu_check.sh
 	$(VENV)/bin/hadolint Dockerfile
 
 generate: $(VENV)/.dev
@@ -78,6 +79,10 @@ bench: $(VENV)/.base
 	$(PIP) install --quiet -e ".[bench]"
 	$(VENV)/bin/rlkube bench weights --json runs/bench-weights.json
 	$(VENV)/bin/rlkube bench rollout --json runs/bench-rollout.json
+
+# NCCL selection, the weight plane's CUDA copy mode and a 2-rank DDP step, with figures (< 10 min).
+gpu-check: $(VENV)/.base
+	bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -7,9 +7,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlkube.engine.in_process import InProcessEngine
 from rlkube.engine.report import EpochRecord, RunStart, RunSummary
 from rlkube.engine.run_paths import RunPaths
+from rlkube.launch.in_process import InProcessRun
 from rlkube.policy import POLICIES
 from rlkube.spec import RLJob
 
@@ -52,7 +52,7 @@ def run_rlkube(job: RLJob, *, seed: int, budget: int, stop_at_target: bool) -> C
     curve = Curve(side="rlkube", seed=seed)
     with tempfile.TemporaryDirectory(prefix="rlkube-learn-") as tmp:
         paths = RunPaths(Path(tmp)).create()
-        engine = InProcessEngine(
+        engine = InProcessRun(
             run, POLICIES.get(run.spec.policy.type), paths=paths, observers=[_Episodes(curve)]
         )
         started = time.monotonic()

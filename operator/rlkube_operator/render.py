@@ -55,6 +55,9 @@ POD_ARGS = ["pod"]
 WEIGHTS_DIR_INIT = "weights-dir"
 
 PORTS = {"rendezvous": c.MASTER_PORT, "coordinator": c.COORDINATOR_PORT, "weights": c.WEIGHT_PORT}
+#: Every train and eval container declares its Prometheus endpoint under this port name (the
+#: chart's PodMonitor selects it); it is not in PORTS: Services and the job-only ingress skip it.
+METRICS_PORT_NAME = "metrics"
 
 
 def eval_service_name(job: str) -> str:
@@ -195,7 +198,10 @@ def render_eval_service(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
 
 
 def render_network_policy(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
-    """Only this job's pods reach the train ranks' ports; the operator reaches the coordinator."""
+    """Only this job's pods reach the train ranks' ports; the operator reaches the coordinator.
+
+    The metrics port is open to any scraper (it serves read-only Prometheus text).
+    """
     own_pods = {"podSelector": {"matchLabels": {c.LABEL_JOB: job.name}}}
     operator = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}},
@@ -214,6 +220,8 @@ def render_network_policy(job: RLJob, settings: RenderSettings) -> dict[str, Any
                     "ports": [{"protocol": "TCP", "port": p} for p in PORTS.values()],
                 },
                 {"from": [operator], "ports": [{"protocol": "TCP", "port": c.COORDINATOR_PORT}]},
+                # Read-only Prometheus metrics: any scraper (like the operator's own metrics port).
+                {"ports": [{"protocol": "TCP", "port": c.METRICS_PORT}]},
             ],
         },
     }
@@ -235,6 +243,7 @@ def contract_env(job: RLJob, role: Role, settings: RenderSettings) -> list[dict[
         "RLKUBE_JOB_CONFIG": c.JOB_CONFIG_PATH,
         "RLKUBE_BACKEND": with_pod_defaults(job, settings.pod_defaults).spec.resolved_backend().value,
         "RLKUBE_WEIGHT_PORT": str(c.WEIGHT_PORT),
+        "RLKUBE_METRICS_PORT": str(c.METRICS_PORT),
         "WORLD_SIZE": world,
         "LOCAL_RANK": "0",
         "MASTER_ADDR": master,
@@ -380,6 +389,9 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
     if role is Role.TRAIN:
         container["ports"] = [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS.items()]
     container |= health_probes()
+    container.setdefault("ports", []).append(
+        {"name": METRICS_PORT_NAME, "containerPort": c.METRICS_PORT, "protocol": "TCP"}
+    )
     resources = _resources(pod)
     if resources:
         container["resources"] = resources

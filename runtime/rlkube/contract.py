@@ -33,6 +33,10 @@ HEALTH_PORT = 50053
 READINESS_SERVICE = "readiness"
 #: The operator's liveness and Prometheus metrics endpoint.
 OPERATOR_METRICS_PORT = 8080
+#: Every train and eval pod serves Prometheus ``/metrics`` here (``RLKUBE_METRICS_PORT``).
+METRICS_PORT = 8000
+#: The path of that endpoint (the chart's PodMonitor scrapes it).
+METRICS_PATH = "/metrics"
 
 # Paths inside pods -----------------------------------------------------------------------------
 #: The job manifest, mounted from the job's ConfigMap.
@@ -87,6 +91,11 @@ ENV_CONTRACT: tuple[EnvVar, ...] = (
     EnvVar("RLKUBE_JOB_CONFIG", "Path of the job manifest (YAML).", "spec"),
     EnvVar("RLKUBE_BACKEND", "torch.distributed backend: `nccl` or `gloo`.", "spec", (Role.TRAIN,)),
     EnvVar("RLKUBE_WEIGHT_PORT", "Port on which every train rank serves its weights.", "spec"),
+    EnvVar(
+        "RLKUBE_METRICS_PORT",
+        f"Port of this pod's Prometheus `{METRICS_PATH}` ({METRICS_PORT}; unset or 0: none).",
+        "spec",
+    ),
     EnvVar("WORLD_SIZE", "Number of train ranks.", "spec", (Role.TRAIN,)),
     EnvVar(
         "RANK",
@@ -173,6 +182,8 @@ class PodEnv:
     run_dir: Path
     job_config: Path
     weight_port: int
+    #: Prometheus /metrics (0: not served)
+    metrics_port: int = 0
     # train only
     world_size: int = 1
     rank: int = 0
@@ -230,6 +241,8 @@ def read_pod_env(environ: Mapping[str, str]) -> PodEnv:
         run_dir=Path(text("RLKUBE_RUN_DIR") or RUN_DIR),
         job_config=Path(text("RLKUBE_JOB_CONFIG") or JOB_CONFIG_PATH),
         weight_port=integer("RLKUBE_WEIGHT_PORT", minimum=1),
+        # Optional: a pod started by hand (or by an older operator) runs without metrics.
+        metrics_port=integer("RLKUBE_METRICS_PORT") if environ.get("RLKUBE_METRICS_PORT", "").strip() else 0,
     )
     if role is Role.TRAIN and not problems:
         world_size = integer("WORLD_SIZE", minimum=1)

@@ -110,6 +110,17 @@ class LogLevel(StrEnum):
     ERROR = "error"
 
 
+class LogBackend(StrEnum):
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+
+
+class WandbMode(StrEnum):
+    ONLINE = "online"
+    OFFLINE = "offline"
+    DISABLED = "disabled"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -540,12 +551,38 @@ class RunPolicySpec(_Model):
     clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.ALL)
 
 
+class WandbSpec(_Model):
+    """``log.wandb``: the Weights & Biases run (with ``wandb`` in ``log.backends``)."""
+
+    project: str | None = Field(None, description="W&B project; default: the job's name.")
+    entity: str | None = Field(None, description="W&B team or user; default: the API key's.")
+    mode: WandbMode = Field(
+        WandbMode.ONLINE,
+        description="online (needs WANDB_API_KEY in spec.trainer.env), offline (files in the run "
+        "directory, `wandb sync` later) or disabled. WANDB_MODE in the pod's env overrides it.",
+    )
+    tags: list[str] = Field(default_factory=list, description="Tags of the W&B run.")
+
+
 class LogSpec(_Model):
     """``log``: what the runtime writes."""
 
     level: LogLevel = Field(LogLevel.INFO)
-    tensorboard: bool = Field(True)
+    tensorboard: bool = Field(True, description="false drops tensorboard from backends.")
     interval_seconds: float = Field(2.0, gt=0, description="How often progress is reported.")
+    backends: list[LogBackend] = Field(
+        [LogBackend.TENSORBOARD],
+        description="Where train rank 0 logs its metrics, under the same names in each: tensorboard "
+        "(event files in the run directory), wandb (Weights & Biases; the image needs the "
+        "`wandb` extra).",
+    )
+    wandb: WandbSpec = Field(default_factory=WandbSpec)
+
+    def active_backends(self) -> tuple[LogBackend, ...]:
+        """``backends`` in order, without tensorboard when ``tensorboard`` is false."""
+        return tuple(
+            b for b in dict.fromkeys(self.backends) if self.tensorboard or b is not LogBackend.TENSORBOARD
+        )
 
 
 class RLJobSpec(_Model):

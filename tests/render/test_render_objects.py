@@ -317,8 +317,10 @@ def test_network_policy_admits_only_the_jobs_pods_and_the_operator() -> None:
     objects = by_kind_name(r.render(job(), settings))
     policy = objects["NetworkPolicy", "cartpole-train"]["spec"]
     assert policy["podSelector"]["matchLabels"] == {c.LABEL_JOB: "cartpole", c.LABEL_ROLE: "train"}
-    own, operator = policy["ingress"]
+    own, operator, metrics = policy["ingress"]
     assert own["from"] == [{"podSelector": {"matchLabels": {c.LABEL_JOB: "cartpole"}}}]
     assert {p["port"] for p in own["ports"]} == {c.MASTER_PORT, c.COORDINATOR_PORT, c.WEIGHT_PORT}
     assert operator["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ops"}
     assert operator["ports"] == [{"protocol": "TCP", "port": c.COORDINATOR_PORT}]
+    # The one port open to anyone: read-only Prometheus metrics, for whatever scrapes the cluster.
+    assert metrics == {"ports": [{"protocol": "TCP", "port": c.METRICS_PORT}]}

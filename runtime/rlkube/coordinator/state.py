@@ -339,6 +339,11 @@ class Coordinator:
             self.board.close()
             self._cond.notify_all()
 
+    def trajectory_counts(self) -> tuple[int, dict[int, int]]:
+        """(tasks leased and not pushed yet, lag -> trained fragments): for the metrics endpoint."""
+        with self._cond:
+            return len(self.board.leased()), self.progress.lag_distribution()
+
     def live_workers(self) -> int:
         with self._cond:
             return len(self.members)

@@ -1,15 +1,17 @@
 """What a run reports: per-epoch records, the final summary, and the observers that write them down.
 
-The records and :func:`recent_mean` are pure. The observers do I/O: :class:`TensorBoardLog`
-(event files), :class:`LearningCurve` (a PNG, matplotlib's Agg backend) and :class:`SummaryFiles`
+The records, :func:`recent_mean` and :func:`epoch_scalars` are pure. The observers do I/O:
+:class:`TensorBoardLog` (event files; ``rlkube.engine.loggers`` adds Weights & Biases under the
+same names), :class:`LearningCurve` (a PNG, matplotlib's Agg backend) and :class:`SummaryFiles`
 (``summary.json``, possibly in several places). Engines call ``on_start``, ``on_epoch`` and
 ``on_finish`` on every observer they are given; the live progress display (``rlkube.launch``)
 is one more observer.
 
-TensorBoard tags (x axis: env steps): ``charts/episodic_return`` and ``charts/episodic_length``
-(one point per finished episode), ``charts/mean_return_20``, ``charts/SPS``,
-``charts/weight_version``, ``eval/mean_return``, ``weights/fingerprints_consistent``, and every
-metric the policy logged (PPO: ``losses/*``, ``charts/learning_rate``).
+Metric names, identical in every logging backend (:func:`epoch_scalars`; x axis: env steps):
+``charts/episodic_return`` and ``charts/episodic_length`` (one point per finished episode),
+``charts/mean_return_20``, ``charts/SPS``, ``charts/weight_version``, ``eval/mean_return``,
+``weights/fingerprints_consistent``, and every metric the policy logged (PPO: ``losses/*``,
+``charts/learning_rate``).
 """
 
 from __future__ import annotations
@@ -117,6 +119,34 @@ class RunObserver(Protocol):
     def on_finish(self, summary: RunSummary) -> None: ...
 
 
+@dataclass(frozen=True)
+class Scalar:
+    """One logged point: ``tag`` (e.g. ``charts/SPS``) at ``step`` env steps."""
+
+    tag: str
+    value: float
+    step: int
+
+
+def epoch_scalars(record: EpochRecord) -> list[Scalar]:
+    """Every point an epoch logs, named once for every backend (TensorBoard, W&B). Pure."""
+    step = record.env_steps
+    points: list[Scalar] = []
+    for steps, ret, length in record.new_episodes:
+        points.append(Scalar("charts/episodic_return", ret, steps))
+        points.append(Scalar("charts/episodic_length", length, steps))
+    if record.recent_return is not None:
+        points.append(Scalar("charts/mean_return_20", record.recent_return, step))
+    points.append(Scalar("charts/SPS", record.steps_per_second, step))
+    points.append(Scalar("charts/weight_version", record.weight_version, step))
+    if record.eval_return is not None:
+        points.append(Scalar("eval/mean_return", record.eval_return, step))
+    if record.fingerprints_consistent is not None:
+        points.append(Scalar("weights/fingerprints_consistent", float(record.fingerprints_consistent), step))
+    points += [Scalar(key, value, step) for key, value in record.metrics.items() if math.isfinite(value)]
+    return points
+
+
 class TensorBoardLog:
     """TensorBoard event files in ``log_dir``."""
 
@@ -130,22 +160,8 @@ class TensorBoardLog:
         self._writer.add_text("job", f"{start.job}: from epoch {start.start_epoch} of {start.max_epochs}")
 
     def on_epoch(self, record: EpochRecord) -> None:
-        step = record.env_steps
-        scalar = self._writer.add_scalar
-        for steps, ret, length in record.new_episodes:
-            scalar("charts/episodic_return", ret, steps)
-            scalar("charts/episodic_length", length, steps)
-        if record.recent_return is not None:
-            scalar("charts/mean_return_20", record.recent_return, step)
-        scalar("charts/SPS", record.steps_per_second, step)
-        scalar("charts/weight_version", record.weight_version, step)
-        if record.eval_return is not None:
-            scalar("eval/mean_return", record.eval_return, step)
-        if record.fingerprints_consistent is not None:
-            scalar("weights/fingerprints_consistent", float(record.fingerprints_consistent), step)
-        for key, value in record.metrics.items():
-            if math.isfinite(value):
-                scalar(key, value, step)
+        for point in epoch_scalars(record):
+            self._writer.add_scalar(point.tag, point.value, point.step)
         self._writer.flush()
 
     def on_finish(self, summary: RunSummary) -> None:

@@ -26,9 +26,11 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube.contract import PodEnv
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.wire import episodes_only, fragment_to_proto
+from rlkube.engine.pod_metrics import bind_eval_figures
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.envs.group import EnvGroup
 from rlkube.health import POD
+from rlkube.metrics.series import EvalFigures
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.spec import RLJob
 from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
@@ -147,6 +149,7 @@ class EvalWorker:
         )
         plane.attach(policy)
         policy.init_eval(None, env_meta=self._group.meta)
+        bind_eval_figures(lambda: self.figures(policy))  # this pod's /metrics reads them
         self.ready.set()
         heartbeat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         reporter = threading.Thread(
@@ -176,6 +179,17 @@ class EvalWorker:
                     group.close()
             self.client.close()
         return 0
+
+    def figures(self, policy: BasePolicy) -> EvalFigures:
+        """This worker's figures for its ``/metrics``."""
+        stats = self.stats
+        return EvalFigures(
+            loaded_version=max(0, policy.weight_version),
+            env_steps=stats.env_steps,
+            fragments=stats.fragments,
+            rollout_seconds=stats.rollout_seconds,
+            weight_wait_seconds=stats.weight_wait_seconds,
+        )
 
     def _register(self) -> bool:
         request = pb.RegisterRequest(

@@ -26,7 +26,7 @@ from rlkube.engine.disk import DiskFault, check_writable, describe, is_disk_erro
 from rlkube.engine.run_paths import RunPaths
 from rlkube.failure import format_console
 from rlkube.jobfile import dump_job
-from rlkube.launch.local import Layout, Outcome, Ports, Supervisor, supervise
+from rlkube.launch.local import CLUSTER_FILE, Layout, Outcome, Ports, Supervisor, supervise
 from rlkube.launch.results import fresh_run_dir, print_result, summary_from_json, write_failure_summary
 from rlkube.spec import RLJob
 
@@ -115,7 +115,8 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
     print(
         f"{job.name}: {job.spec.trainer.replicas} train ranks, {job.spec.evaluator.replicas} eval workers on "
         f"{nodes} simulated node(s), strategy {job.spec.policy.weight_buffer.strategy.value}; "
-        f"run directory {paths.run_dir}\n  scale with: rlkube scale {paths.run_dir} --evaluators K",
+        f"run directory {paths.run_dir}\n  scale with: rlkube scale {paths.run_dir} --evaluators K"
+        f"\n  metrics: each process serves /metrics on its own port, see {paths.run_dir / CLUSTER_FILE}",
         flush=True,
     )
     live = not args.no_progress and Console().is_terminal

@@ -111,8 +111,11 @@ class Layout:
         return f"{base}-{index}"
 
 
-def pod_env(layout: Layout, role: Role, index: int) -> dict[str, str]:
-    """The env contract for one local "pod" (the same names render.py sets in a cluster)."""
+def pod_env(layout: Layout, role: Role, index: int, *, metrics_port: int = 0) -> dict[str, str]:
+    """The env contract for one local "pod" (the same names render.py sets in a cluster).
+
+    ``metrics_port``: where it serves ``/metrics`` (every process gets its own; 0: none).
+    """
     spec = layout.job.spec
     node = layout.node_of(role, index)
     env = {
@@ -127,6 +130,7 @@ def pod_env(layout: Layout, role: Role, index: int) -> dict[str, str]:
         "RLKUBE_RUN_DIR": str(layout.run_dir),
         "RLKUBE_JOB_CONFIG": str(layout.job_file),
         "RLKUBE_WEIGHT_PORT": str(layout.ports.weights[index if role is Role.TRAIN else 0]),
+        "RLKUBE_METRICS_PORT": str(metrics_port),
     }
     if role is Role.TRAIN:
         world = spec.trainer.replicas
@@ -167,6 +171,7 @@ class Proc:
     started_at: float
     restarts: int = 0
     stopping: bool = False
+    metrics_port: int = 0
 
 
 @dataclass
@@ -238,12 +243,13 @@ class Supervisor:
     def _spawn(self, role: Role, index: int, restarts: int = 0) -> Proc:
         name = self.layout.pod_name(role, index)
         log_path = self.layout.run_dir / "logs" / f"{name}.log"
-        env = {**self.base_env, **pod_env(self.layout, role, index)}
+        metrics_port = free_port()  # one per process: locally every "pod" shares the host
+        env = {**self.base_env, **pod_env(self.layout, role, index, metrics_port=metrics_port)}
         # Health on any free port: the "pods" share one host (and no kubelet probes them).
         env[HEALTH_PORT_ENV] = "0"
         started = time.strftime("%H:%M:%S")
         popen = spawn(self.command, env, log_path, header=f"{name} started at {started} (restart {restarts})")
-        return Proc(name, role, index, popen, log_path, time.monotonic(), restarts)
+        return Proc(name, role, index, popen, log_path, time.monotonic(), restarts, metrics_port=metrics_port)
 
     # -------------------------------------------------------------- control
     def complete_marker(self) -> Path:
@@ -340,7 +346,13 @@ class Supervisor:
             "train_restarts": self.train_restarts,
             "eval_restarts": self.eval_restarts,
             "pods": {
-                p.name: {"pid": p.popen.pid, "role": p.role.value, "index": p.index, "restarts": p.restarts}
+                p.name: {
+                    "pid": p.popen.pid,
+                    "role": p.role.value,
+                    "index": p.index,
+                    "restarts": p.restarts,
+                    "metrics": f"http://127.0.0.1:{p.metrics_port}{contract.METRICS_PATH}",
+                }
                 for p in self.all_procs()
                 if p.popen.poll() is None
             },

@@ -72,13 +72,20 @@ def main(args: argparse.Namespace | None = None) -> int:
 
 
 def run_role(job: RLJob, env: PodEnv, policy_cls: type, stop: threading.Event) -> int:
-    if env.role is Role.TRAIN:
-        from rlkube.launch.train import run_train_rank
+    from rlkube.engine.pod_metrics import start_pod_metrics
 
-        return run_train_rank(job, env, policy_cls, stop=stop)
-    from rlkube.engine.worker import EvalWorker
+    metrics = start_pod_metrics(env)  # /metrics on RLKUBE_METRICS_PORT, for the pod's whole life
+    try:
+        if env.role is Role.TRAIN:
+            from rlkube.launch.train import run_train_rank
 
-    return EvalWorker(job, env, policy_cls, stop=stop).run()
+            return run_train_rank(job, env, policy_cls, stop=stop)
+        from rlkube.engine.worker import EvalWorker
+
+        return EvalWorker(job, env, policy_cls, stop=stop).run()
+    finally:
+        if metrics is not None:
+            metrics.close()
 
 
 def _configure_logging(job: RLJob, env: PodEnv) -> None:

@@ -21,7 +21,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
+from rlkube.engine.loggers import backend_observers
+from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles
 from rlkube.engine.run_paths import RunPaths
 from rlkube.envs.group import EnvError, check_env_id
 from rlkube.failure import describe_exception, format_console
@@ -123,9 +124,13 @@ def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Name
 
 
 def _observers(job: RLJob, paths: RunPaths, args: argparse.Namespace) -> list[RunObserver]:
-    observers: list[RunObserver] = []
-    if job.spec.log.tensorboard:
-        observers.append(TensorBoardLog(paths.tensorboard))
+    observers: list[RunObserver] = backend_observers(
+        job.spec.log,
+        run_dir=paths.run_dir,
+        tensorboard_dir=paths.tensorboard,
+        job=job.name,
+        config=job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    )
     observers += [LearningCurve(paths.plot), SummaryFiles(paths.summary, args.summary)]
     from rich.console import Console
 

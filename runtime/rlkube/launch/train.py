@@ -40,8 +40,10 @@ from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.disk import check_writable
 from rlkube.engine.eval_engine import EvalEngine
+from rlkube.engine.loggers import backend_observers
+from rlkube.engine.pod_metrics import bind_coordinator
 from rlkube.engine.ranks import RankChannel
-from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
+from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles
 from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.sync_engine import SyncEngine
 from rlkube.engine.trainer import RankZeroEngine, Stopped, TrainContext, follow
@@ -159,6 +161,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             if not job.spec.checkpoint.resume:
                 shutil.rmtree(journal_dir, ignore_errors=True)  # a fresh start replays nothing
             coordinator.journal = AckJournal(journal_dir, incarnation=coordinator.incarnation).open()
+        bind_coordinator(coordinator)  # rank 0's /metrics reads it
         server = CoordinatorServer(
             coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late, POD.handler()]
         ).start()
@@ -248,9 +251,14 @@ def _job_finished(env: PodEnv, stop: threading.Event) -> bool:
 
 
 def _observers(job: RLJob, paths: RunPaths) -> list[RunObserver]:
-    observers: list[RunObserver] = [LearningCurve(paths.plot), SummaryFiles(paths.summary)]
-    if job.spec.log.tensorboard:
-        observers.insert(0, TensorBoardLog(paths.tensorboard))
+    observers: list[RunObserver] = backend_observers(
+        job.spec.log,
+        run_dir=paths.run_dir,
+        tensorboard_dir=paths.tensorboard,
+        job=job.name,
+        config=job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    )
+    observers += [LearningCurve(paths.plot), SummaryFiles(paths.summary)]
     observers.append(PlainProgress(interval=job.spec.log.interval_seconds))
     return observers
 

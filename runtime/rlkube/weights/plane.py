@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.metrics import series as metrics
 from rlkube.policy.base import BasePolicy
 from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import copy_buffer_into_params, hash_list_root
@@ -251,7 +252,10 @@ class StreamLoader:
             self._buffer = np.empty(self._layout.total_bytes, dtype=np.uint8)
         assert self._buffer is not None
         digests: dict[int, int] = {}
+        started = time.perf_counter()
         self.client.fetch_into(version, self._buffer, digests=digests)
+        metrics.FETCH_SECONDS.observe(time.perf_counter() - started)
+        metrics.FETCHED_BYTES.inc(self._layout.total_bytes)
         if hash_list_root([digests[o] for o in sorted(digests)]) != version.checksum:
             raise IntegrityError(
                 f"version {version.version}: received bytes do not match the announced checksum"

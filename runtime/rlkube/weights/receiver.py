@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.metrics import series as metrics
 from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import hash_list_root
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
@@ -254,7 +255,10 @@ class NodeReceiver:
         except BaseException:
             self.writer.abort(lease)
             raise
-        self.stats.fetch_seconds = [*self.stats.fetch_seconds[-99:], time.perf_counter() - started]
+        seconds = time.perf_counter() - started
+        self.stats.fetch_seconds = [*self.stats.fetch_seconds[-99:], seconds]
+        metrics.FETCH_SECONDS.observe(seconds)
+        metrics.FETCHED_BYTES.inc(version.total_bytes)
         meta = self.writer.commit(lease, checksum=version.checksum, chunk_bytes=version.chunk_bytes)
         self.stats.fetches += 1
         return meta

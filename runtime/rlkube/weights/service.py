@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import grpc
 
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.metrics import series as metrics
 from rlkube.weights.copies import checksum, copy_slot_into_message
 from rlkube.weights.layout import WeightLayout
 from rlkube.weights.shm import PinnedSlot, ShmWriter
@@ -190,6 +191,7 @@ class _Servicer:
             step = max(1, min(step, MAX_MESSAGE_BYTES - (64 << 10)))
             self.board.stats.fetches += 1
             peer = context.peer()
+            started = time.perf_counter()
             for offset in range(start, end, step):
                 if pinned.superseded:
                     self.board.stats.aborted += 1
@@ -202,7 +204,9 @@ class _Servicer:
                 message = copy_slot_into_message(prefix, data, suffix)
                 self.board.stats.bytes += len(data)
                 self.board.bytes_by_peer[peer] += len(data)
+                metrics.SERVED_BYTES.inc(len(data))
                 yield message
+            metrics.FETCH_SERVED_SECONDS.observe(time.perf_counter() - started)
         finally:
             pinned.release()
 

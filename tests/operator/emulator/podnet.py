@@ -15,6 +15,8 @@ variable (value rendered by the operator)      value the process gets
 ``RLKUBE_WEIGHT_PORT`` (50052)                 train rank r: the job's weight port of rank r (every
                                                rank serves weights, so each needs its own);
                                                eval pods: rank 0's
+``RLKUBE_METRICS_PORT`` (8000)                 a port per pod (role, index): every pod serves
+                                               ``/metrics``, and here they share one host
 =============================================  ===============================================
 
 Ports are free ports picked when a job's first pod starts and kept while any of its pods runs,
@@ -49,10 +51,17 @@ class JobPorts:
     coordinator: int
     master: int
     weights: dict[int, int] = field(default_factory=dict)
+    metrics: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @classmethod
     def allocate(cls) -> JobPorts:
         return cls(coordinator=free_port(), master=free_port())
+
+    def metrics_port(self, pod: tuple[str, str]) -> int:
+        """The /metrics port of pod (role, replica index)."""
+        if pod not in self.metrics:
+            self.metrics[pod] = free_port()
+        return self.metrics[pod]
 
     def weight(self, rank: int) -> int:
         if rank not in self.weights:
@@ -74,6 +83,9 @@ def cluster_addresses(env: Mapping[str, str], *, job: str, namespace: str, ports
         train = env.get("RLKUBE_ROLE") == contract.Role.TRAIN.value
         rank = int(env.get("RLKUBE_REPLICA_INDEX", "0") or 0) if train else 0
         out["RLKUBE_WEIGHT_PORT"] = str(ports.weight(rank))
+    if env.get("RLKUBE_METRICS_PORT") == str(contract.METRICS_PORT):
+        pod = (env.get("RLKUBE_ROLE", ""), env.get("RLKUBE_REPLICA_INDEX", ""))
+        out["RLKUBE_METRICS_PORT"] = str(ports.metrics_port(pod))
     return out
 
 

@@ -1,0 +1,3 @@
+from tests.runtime.conftest import local_run
+
+__all__ = ["local_run"]
