@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from rlkube import contract
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.engine.checkpoint import CheckpointStore
@@ -26,6 +27,7 @@ from rlkube.engine.report import RunSummary
 from rlkube.engine.run_paths import RunPaths
 from rlkube.jobfile import dump_job
 from rlkube.launch.local import Layout, Outcome, Ports, Supervisor, supervise
+from rlkube.security.credential import Credential
 from rlkube.spec import RLJob
 
 SHM_ROOT = Path("/dev/shm")
@@ -52,8 +54,8 @@ def describe_status(status: pb.JobStatus) -> str:
 class StatusLine:
     """Polls GetStatus on every supervisor tick and shows it (live line, or a line per interval)."""
 
-    def __init__(self, address: str, *, live: bool, interval: float) -> None:
-        self.client = PolicyGroupClient(address)
+    def __init__(self, address: str, *, live: bool, interval: float, credential: Credential) -> None:
+        self.client = PolicyGroupClient(address, credential=credential)
         self.interval = interval
         self.console = Console()
         self.live = Live(Text("starting..."), console=self.console, refresh_per_second=4) if live else None
@@ -107,6 +109,7 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
         shm_root=SHM_ROOT / f"rlkube-{job.name}-{secrets.token_hex(4)}",
         nodes=nodes,
         ports=Ports.allocate(job.spec.trainer.replicas),
+        listen_host=getattr(args, "listen", None) or contract.LISTEN_LOOPBACK,
     )
     supervisor = Supervisor(layout)
     print(
@@ -117,7 +120,10 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
     )
     live = not args.no_progress and Console().is_terminal
     with StatusLine(
-        f"127.0.0.1:{layout.ports.coordinator}", live=live, interval=job.spec.log.interval_seconds
+        f"127.0.0.1:{layout.ports.coordinator}",
+        live=live,
+        interval=job.spec.log.interval_seconds,
+        credential=Credential.from_file(layout.token_file),
     ) as view:
         outcome = supervise(supervisor, on_tick=view.tick)
     return report(outcome, paths, args.summary)

@@ -34,6 +34,7 @@ from rlkube import contract
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
 from rlkube.engine.run_paths import RunPaths
+from rlkube.security.credential import new_token, write_token_file
 from rlkube.spec import RLJob
 
 _PR_SET_PDEATHSIG = 1
@@ -104,10 +105,17 @@ class Layout:
     shm_root: Path
     nodes: int
     ports: Ports
+    #: Where the "pods" bind their servers: loopback unless ``rlkube run --listen`` says otherwise.
+    listen_host: str = contract.LISTEN_LOOPBACK
 
     @property
     def job_file(self) -> Path:
         return self.run_dir / "job.yaml"
+
+    @property
+    def token_file(self) -> Path:
+        """This run's credential (a fresh random token per run, readable by its owner only)."""
+        return self.run_dir / "credential" / contract.TOKEN_KEY
 
     def node_of(self, role: Role, index: int) -> int:
         # Train ranks share node 0 (the trainer's node); eval replicas are spread round-robin,
@@ -145,6 +153,8 @@ def pod_env(layout: Layout, role: Role, index: int) -> dict[str, str]:
         "RLKUBE_RUN_DIR": str(layout.run_dir),
         "RLKUBE_JOB_CONFIG": str(layout.job_file),
         "RLKUBE_WEIGHT_PORT": str(layout.ports.weights[index if role is Role.TRAIN else 0]),
+        "RLKUBE_TOKEN_FILE": str(layout.token_file),
+        "RLKUBE_LISTEN_HOST": layout.listen_host,
     }
     if role is Role.TRAIN:
         world = spec.trainer.replicas
@@ -220,6 +230,7 @@ class Supervisor:
     def prepare(self) -> None:
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         (self.layout.run_dir / "logs").mkdir(exist_ok=True)
+        write_token_file(self.layout.token_file, new_token())
         sweep_stale_shm_roots(self.layout.shm_root.parent)
         for node in range(self.layout.nodes):
             self.layout.shm_dir(node).mkdir(parents=True, exist_ok=True)
@@ -324,6 +335,7 @@ class Supervisor:
         """What ``cluster.json`` says: where the coordinator is and which process is which pod."""
         return {
             "coordinator": f"127.0.0.1:{self.layout.ports.coordinator}",
+            "token_file": str(self.layout.token_file),
             "shm_root": str(self.layout.shm_root),
             "desired_evaluators": self.desired_evaluators,
             "train_restarts": self.train_restarts,

@@ -119,7 +119,7 @@ def open_publisher(job: RLJob, env: PodEnv, *, incarnation: str | None = None) -
         config = PublisherConfig.from_spec(
             job.spec.policy.weight_buffer,
             shm_dir=directory,
-            listen=f"0.0.0.0:{env.weight_port}",
+            listen=f"{env.listen_host}:{env.weight_port}",
             advertise=advertised(env),
             incarnation=incarnation,
         )
@@ -147,7 +147,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         done = CheckpointStore(paths.checkpoints).completion()
         coordinator = Coordinator(job, world_size=env.world_size)
         server = CoordinatorServer(
-            coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late]
+            coordinator, address=f"{env.listen_host}:{coordinator_port}", extra_handlers=[late]
         ).start()
         if done is not None:
             logger.info(
