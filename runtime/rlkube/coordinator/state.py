@@ -38,7 +38,12 @@ from rlkube.coordinator.progress import Progress
 from rlkube.coordinator.tasks import AckResult, TaskBoard, TaskKind, TaskSpec
 from rlkube.data.fragment import Fragment
 from rlkube.data.rollout_buffer import AddResult, EpochBatch, RolloutBuffer
-from rlkube.data.schema import TrajectorySchema, non_finite, non_finite_numbers
+from rlkube.data.schema import (
+    TrajectorySchema,
+    missing_standard_keys,
+    non_finite,
+    non_finite_numbers,
+)
 from rlkube.spec import RLJob
 from rlkube.weights.consistency import LoadTracker, WorkerLoad
 
@@ -276,7 +281,9 @@ class Coordinator:
                     f"batch is [{fragment.num_envs}, {fragment.length}], the task asks for "
                     f"[{num_envs}, {task.steps}] (num_envs x steps)"
                 )
-            elif self.schema is not None:
+            else:
+                problem = missing_standard_keys(fragment.data)
+            if problem is None and self.schema is not None:
                 problem = self.schema.mismatch(TrajectorySchema.of(fragment.data))
             problem = problem or non_finite(fragment.data)
         if problem is not None:

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDictBase
 
-from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD
+from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED, TRUNCATED
 from rlkube.data.wire import KEY_SEPARATOR
 
 #: Leaves (by their first key part) that must hold only finite numbers.
 FINITE_KEYS: frozenset[str] = frozenset({OBSERVATION, NEXT_OBSERVATION, REWARD})
+#: Leaves (by their first key part) every fragment has: the rollout always writes them.
+STANDARD_KEYS: tuple[str, ...] = (OBSERVATION, REWARD, TERMINATED, TRUNCATED, NEXT_OBSERVATION)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,13 @@ class TrajectorySchema:
             if got != leaf:
                 return f"{key} is {got.dtype}{list(got.shape)}, the job's is {leaf.dtype}{list(leaf.shape)}"
         return None
+
+
+def missing_standard_keys(td: TensorDictBase) -> str | None:
+    """Which of :data:`STANDARD_KEYS` the fragment lacks, described; None when it has them all."""
+    present = {key if isinstance(key, str) else key[0] for key in td.keys(include_nested=True)}
+    missing = [key for key in STANDARD_KEYS if key not in present]
+    return f"a fragment needs the keys {list(STANDARD_KEYS)}; missing {missing}" if missing else None
 
 
 def non_finite(td: TensorDictBase, keys: Iterable[str] = FINITE_KEYS) -> str | None:

@@ -27,7 +27,7 @@ from rlkube.engine.report import RunSummary
 from rlkube.engine.run_paths import RunPaths
 from rlkube.jobfile import dump_job
 from rlkube.launch.local import Layout, Outcome, Ports, Supervisor, supervise
-from rlkube.security.credential import Credential
+from rlkube.security.credential import Credential, new_token, write_token_file
 from rlkube.spec import RLJob
 
 SHM_ROOT = Path("/dev/shm")
@@ -111,6 +111,7 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
         ports=Ports.allocate(job.spec.trainer.replicas),
         listen_host=getattr(args, "listen", None) or contract.LISTEN_LOOPBACK,
     )
+    write_token_file(layout.token_file, new_token())  # a fresh credential for every run
     supervisor = Supervisor(layout)
     print(
         f"{job.name}: {job.spec.trainer.replicas} train ranks, {job.spec.evaluator.replicas} eval workers on "

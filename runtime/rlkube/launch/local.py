@@ -33,6 +33,7 @@ from pathlib import Path
 from rlkube import contract
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
+from rlkube.engine.failure import read_failure
 from rlkube.engine.run_paths import RunPaths
 from rlkube.security.credential import new_token, write_token_file
 from rlkube.spec import RLJob
@@ -230,7 +231,8 @@ class Supervisor:
     def prepare(self) -> None:
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         (self.layout.run_dir / "logs").mkdir(exist_ok=True)
-        write_token_file(self.layout.token_file, new_token())
+        if not self.layout.token_file.exists():  # rlkube run writes a fresh one before starting us
+            write_token_file(self.layout.token_file, new_token())
         sweep_stale_shm_roots(self.layout.shm_root.parent)
         for node in range(self.layout.nodes):
             self.layout.shm_dir(node).mkdir(parents=True, exist_ok=True)
@@ -311,6 +313,9 @@ class Supervisor:
             self._eval_retry_at[index] = now + delay
         if self.complete_marker().exists():
             return Outcome(0)
+        failure = read_failure(self.complete_marker().parent)
+        if failure is not None:
+            return Outcome(1, f"the job failed: {failure['message']}")
         # Train ranks never exit on their own before the marker exists: any exit is a failure.
         failed = [p for p in self.train.values() if p.popen.poll() is not None]
         if failed:

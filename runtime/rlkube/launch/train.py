@@ -37,6 +37,7 @@ from rlkube.coordinator.state import Coordinator
 from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.eval_engine import EvalEngine
+from rlkube.engine.failure import NonFiniteWeights, read_failure
 from rlkube.engine.ranks import RankChannel
 from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles, TensorBoardLog
 from rlkube.engine.run_paths import RunPaths
@@ -145,6 +146,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
     if env.rank == 0:
         paths.create()
         done = CheckpointStore(paths.checkpoints).completion()
+        failed = read_failure(paths.checkpoints)
         coordinator = Coordinator(job, world_size=env.world_size)
         server = CoordinatorServer(
             coordinator, address=f"{env.listen_host}:{coordinator_port}", extra_handlers=[late]
@@ -160,6 +162,10 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
                 eval_return=done.get("eval_return"),
             )
             coordinator.finish(phase="Complete", message="already complete")
+            return _idle(stop, server)
+        if failed is not None:
+            logger.error("%s failed: %s; serving the failure", job.name, failed["message"])
+            coordinator.finish(phase="Failed", message=failed["message"])
             return _idle(stop, server)
     elif _job_finished(env, stop):
         return _idle(stop, None)
@@ -205,6 +211,9 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
     except Stopped:
         _stop_serving(server, publisher)
         return 143
+    except NonFiniteWeights as exc:
+        logger.error("%s", exc)  # the coordinator reports it; the job is over, not restarted
+        return _idle(stop, server, publisher)
     except BaseException:
         # A failed rank must exit now, so that its pod restarts: the open WeightStore streams and
         # long polls of the servers would otherwise hold the process for a minute at exit.
