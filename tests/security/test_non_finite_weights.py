@@ -18,6 +18,8 @@ def test_a_nan_or_inf_parameter_is_found_by_name_and_integer_buffers_are_ignored
     state = {"w": torch.ones(3), "steps": torch.tensor([7]), "b": torch.tensor([0.0, math.inf])}
     assert non_finite_parameter(state) == "b"
     assert non_finite_parameter({"w": torch.ones(3), "steps": torch.tensor([7])}) is None
+    nested = {"actor": {"w": torch.ones(2)}, "critic": {"b": torch.tensor([math.nan])}}
+    assert non_finite_parameter(nested) == "critic.b"  # get_trainable_parameters' {module: {param: t}}
 
 
 def test_the_failure_is_recorded_beside_the_checkpoints_for_a_restarted_rank_and_the_launcher(

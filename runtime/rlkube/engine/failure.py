@@ -26,11 +26,19 @@ class NonFiniteWeights(RuntimeError):
 
 
 def non_finite_parameter(state: Mapping[str, Any]) -> str | None:
-    """The name of the first floating-point tensor of ``state`` holding NaN or Inf (None: all finite)."""
-    for name, tensor in state.items():
-        floating = isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
-        if floating and not bool(torch.isfinite(tensor).all()):
-            return name
+    """The first floating-point tensor of ``state`` (``{module: {param: tensor}}`` or flat) holding
+    NaN or Inf, named ``module.param``; None when all are finite."""
+    for name, value in state.items():
+        if isinstance(value, Mapping):
+            inner = non_finite_parameter(value)
+            if inner is not None:
+                return f"{name}.{inner}"
+        elif (
+            isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and not bool(torch.isfinite(value).all())
+        ):
+            return str(name)
     return None
 
 

@@ -1,0 +1,191 @@
+"""``rlkube bench auth``: what the per-job credential costs on the weight stream and the trajectory push.
+
+Side by side in one process run, interleaved round by round: the same WeightStore fetch and the
+same PushFragment against a server without the token interceptor ("open") and one with it
+("token"; the client attaches the token with its interceptor). Prints the median of each and
+the ratio token/open; the check is once per call, so the expected cost is well under 2%.
+Server and client share one process (and its GIL): absolute figures are lower than across
+processes, the ratio is what counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube.coordinator.client import PolicyGroupClient
+from rlkube.coordinator.service import CoordinatorServer
+from rlkube.coordinator.state import Coordinator
+from rlkube.coordinator.wire import fragment_to_proto
+from rlkube.data.fragment import Fragment
+from rlkube.security.credential import TOKEN_FILE_ENV, Credential, new_token, write_token_file
+from rlkube.spec import parse_job
+from rlkube.weights.client import WeightStoreClient
+from rlkube.weights.publisher import PublisherConfig, WeightPublisher
+from tensordict import TensorDict
+
+MODES = ("open", "token")
+
+
+def _credential(mode: str, token: str) -> Credential:
+    return Credential.of_token(token) if mode == "token" else Credential.open()
+
+
+def weight_stream(*, mib: int, rounds: int, token: str, token_file: Path) -> dict[str, list[float]]:
+    """Seconds per full fetch of a ``mib`` MiB version, per mode."""
+    state = {"model": {"w": torch.rand(mib * (1 << 18))}}  # float32: mib MiB
+    publishers: dict[str, WeightPublisher] = {}
+    clients: dict[str, WeightStoreClient] = {}
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        try:
+            for mode in MODES:
+                os.environ.pop(TOKEN_FILE_ENV, None)
+                if mode == "token":
+                    os.environ[TOKEN_FILE_ENV] = str(token_file)  # the publisher's server reads it
+                config = PublisherConfig(shm_dir=Path(shm) / mode, listen="127.0.0.1:0")
+                publishers[mode] = publisher = WeightPublisher(config).connect()
+                publisher.send(state, version=1)
+                clients[mode] = WeightStoreClient(
+                    publisher.address or "", credential=_credential(mode, token)
+                ).connect()
+            os.environ.pop(TOKEN_FILE_ENV, None)
+            latest = {mode: publishers[mode].board.latest() for mode in MODES}
+            dst = np.empty(latest["open"].total_bytes, dtype=np.uint8)  # type: ignore[union-attr]
+            times: dict[str, list[float]] = {mode: [] for mode in MODES}
+            for _ in range(rounds + 1):  # the first round warms up and is dropped
+                for mode in MODES:
+                    started = time.perf_counter()
+                    clients[mode].fetch_into(latest[mode], dst)  # type: ignore[arg-type]
+                    times[mode].append(time.perf_counter() - started)
+            return {mode: values[1:] for mode, values in times.items()}
+        finally:
+            for client in clients.values():
+                client.close()
+            for publisher in publishers.values():
+                publisher.close()
+
+
+def _job(fragments: int, num_envs: int, steps: int) -> Any:
+    return parse_job(
+        {
+            "metadata": {"name": "bench"},
+            "spec": {
+                "env": {"id": "CartPole-v1", "numEnvs": num_envs},
+                "train": {
+                    "stepsPerEpoch": fragments * num_envs * steps,
+                    "batchSize": num_envs * steps,
+                    "fragmentLength": steps,
+                },
+                "buffer": {"capacity": fragments},
+            },
+        }
+    )
+
+
+def _data(num_envs: int, steps: int, obs: int) -> TensorDict:
+    n, t = num_envs, steps
+    return TensorDict(
+        {
+            "observation": torch.rand(n, t, obs),
+            "action": torch.zeros(n, t, dtype=torch.int64),
+            "log_prob": torch.zeros(n, t),
+            "reward": torch.ones(n, t),
+            "terminated": torch.zeros(n, t, dtype=torch.bool),
+            "truncated": torch.zeros(n, t, dtype=torch.bool),
+            "next_observation": torch.rand(n, t, obs),
+        },
+        batch_size=[n, t],
+    )
+
+
+def trajectory_push(
+    *, pushes: int, num_envs: int, steps: int, obs: int, token: str
+) -> dict[str, list[float]]:
+    """Seconds per accepted PushFragment (lease excluded), per mode."""
+    data = _data(num_envs, steps, obs)
+    setups = {}
+    for mode in MODES:
+        coordinator = Coordinator(_job(pushes + 1, num_envs, steps))
+        server = CoordinatorServer(
+            coordinator, address="127.0.0.1:0", credential=_credential(mode, token)
+        ).start()
+        client = PolicyGroupClient(f"127.0.0.1:{server.port}", credential=_credential(mode, token))
+        request = pb.RegisterRequest(role="eval", pod_name=f"bench-{mode}", num_envs=num_envs)
+        worker_id = client.register(request, retry_for=5.0).worker_id
+        coordinator.open_epoch(epoch=1, version=0)
+        setups[mode] = (coordinator, server, client, worker_id)
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    try:
+        for i in range(pushes + 1):
+            for mode in MODES:
+                _, _, client, worker_id = setups[mode]
+                task = client.lease(worker_id, wait_seconds=1.0)
+                message = fragment_to_proto(
+                    Fragment(data=data), task_id=task.task_id, worker_id=worker_id, epoch=1
+                )
+                started = time.perf_counter()
+                ack = client.push(message, retry_for=0)
+                elapsed = time.perf_counter() - started
+                assert ack.accepted, ack
+                if i:
+                    times[mode].append(elapsed)
+        return times
+    finally:
+        for coordinator, server, client, _ in setups.values():
+            client.close()
+            coordinator.finish()
+            server.stop(grace=0.2)
+
+
+def summarize(name: str, unit: str, times: dict[str, list[float]], scale: float) -> dict[str, Any]:
+    medians = {mode: statistics.median(values) for mode, values in times.items()}
+    row = {
+        "row": name,
+        "unit": unit,
+        **{mode: round(scale / medians[mode], 1) for mode in MODES},
+        "cost_percent": round(100 * (medians["token"] / medians["open"] - 1), 2),
+        "samples": len(times["open"]),
+    }
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlkube bench auth", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--weight-mib", type=int, default=64, help="size of the version fetched")
+    parser.add_argument("--rounds", type=int, default=15, help="fetches per mode")
+    parser.add_argument("--pushes", type=int, default=300, help="pushes per mode")
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--obs", type=int, default=16, help="observation size (floats)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    token = new_token()
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = write_token_file(Path(tmp) / "token", token)
+        fetch = weight_stream(mib=args.weight_mib, rounds=args.rounds, token=token, token_file=token_file)
+    push = trajectory_push(
+        pushes=args.pushes, num_envs=args.num_envs, steps=args.steps, obs=args.obs, token=token
+    )
+    fragment_kib = _data(args.num_envs, args.steps, args.obs).bytes() / 1024
+    rows = [
+        summarize(f"weight stream, {args.weight_mib} MiB fetch", "MiB/s", fetch, args.weight_mib),
+        summarize(f"trajectory push, {fragment_kib:.0f} KiB fragment", "pushes/s", push, 1.0),
+    ]
+    print(f"{'row':38s} {'unit':9s} {'open':>9s} {'token':>9s} {'cost':>8s}")
+    for row in rows:
+        print(
+            f"{row['row']:38s} {row['unit']:9s} {row['open']:9.1f} {row['token']:9.1f} "
+            f"{row['cost_percent']:7.2f}%"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
