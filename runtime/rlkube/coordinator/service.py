@@ -34,12 +34,6 @@ from rlkube.weights.wire import MAX_MESSAGE_BYTES, abort
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: The coordinator's server (PolicyGroup, and WeightStore on rank 0): it sends weight chunks and
-#: shards of up to MAX_MESSAGE_BYTES, and reads no request larger than one push.
-COORDINATOR_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-)
 
 #: The longest a long poll (LeaseTask, PullShard) may be held, whatever the client asks.
 MAX_POLL_SECONDS = 30.0
@@ -279,10 +273,13 @@ class CoordinatorServer:
         extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
         max_workers: int = 64,
         credential: Credential | None = None,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
     ) -> None:
         self.coordinator = coordinator
         #: Every call must present it (default: this process's, from the env contract).
         self.credential = credential if credential is not None else process_credential()
+        #: The largest request read (one push: raise it for jobs with large observations).
+        self.max_request_bytes = max_request_bytes
         self.address = address
         self.extra_handlers = tuple(extra_handlers)
         self.max_workers = max_workers
@@ -295,7 +292,10 @@ class CoordinatorServer:
         server = make_server(
             self.credential,
             max_workers=self.max_workers,
-            options=COORDINATOR_SERVER_OPTIONS,
+            options=(
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", self.max_request_bytes),
+            ),
             thread_name_prefix="policy-group",
         )
         pb_grpc.add_PolicyGroupServicer_to_server(PolicyGroupServicer(self.coordinator), server)
