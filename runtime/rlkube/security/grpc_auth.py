@@ -11,7 +11,6 @@ message, so a weight stream pays it once.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
@@ -74,49 +73,66 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return _refusal(handler, MISSING_TOKEN if presented is None else WRONG_TOKEN)
 
 
-class _CallDetails(
-    collections.namedtuple(
-        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
-    ),
-    grpc.ClientCallDetails,
-):
-    pass
+class _WithToken:
+    """A multicallable that adds the token to the call's metadata, then calls the real one."""
+
+    def __init__(self, inner: Any, attacher: TokenAttacher) -> None:
+        self._inner = inner
+        self._attacher = attacher
+
+    def __call__(self, request: Any, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner(request, *args, metadata=self._attacher.metadata(metadata), **kwargs)
+
+    def with_call(self, request: Any, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner.with_call(request, *args, metadata=self._attacher.metadata(metadata), **kwargs)
+
+    def future(self, request: Any, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner.future(request, *args, metadata=self._attacher.metadata(metadata), **kwargs)
 
 
-class TokenAttacher(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """The one client-side hook: adds the credential's current token to every call's metadata."""
+class TokenAttacher(grpc.Channel):
+    """The one client-side hook: a channel whose every call carries the credential's current token.
 
-    def __init__(self, credential: Credential) -> None:
+    It wraps each multicallable once (when a stub is built), so a call pays one tuple and one
+    Python call, not grpc's generic interceptor machinery (measured: ``rlkube bench auth``).
+    """
+
+    def __init__(self, channel: grpc.Channel, credential: Credential) -> None:
+        self._channel = channel
         self.credential = credential
 
-    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata = [m for m in (details.metadata or ()) if m[0] != METADATA_KEY]
-        metadata.append((METADATA_KEY, SCHEME + self.credential.token()))
-        return _CallDetails(
-            details.method,
-            details.timeout,
-            metadata,
-            details.credentials,
-            getattr(details, "wait_for_ready", None),
-            getattr(details, "compression", None),
-        )
+    def metadata(self, metadata: Any) -> tuple[tuple[str, str], ...]:
+        own = ((METADATA_KEY, SCHEME + self.credential.token()),)
+        if not metadata:
+            return own
+        return tuple(m for m in metadata if m[0] != METADATA_KEY) + own
 
-    def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        return continuation(self._details(client_call_details), request)
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.unary_unary(method, *args, **kwargs), self)
 
-    def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        return continuation(self._details(client_call_details), request)
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.unary_stream(method, *args, **kwargs), self)
 
-    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
-        return continuation(self._details(client_call_details), request_iterator)
+    def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.stream_unary(method, *args, **kwargs), self)
 
-    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
-        return continuation(self._details(client_call_details), request_iterator)
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.stream_stream(method, *args, **kwargs), self)
+
+    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
+        self._channel.subscribe(callback, try_to_connect)
+
+    def unsubscribe(self, callback: Any) -> None:
+        self._channel.unsubscribe(callback)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> TokenAttacher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def make_server(
@@ -164,4 +180,4 @@ def open_channel(
         channel = grpc.insecure_channel(address, options=list(options))
     if not credential.enforced:
         return channel
-    return grpc.intercept_channel(channel, TokenAttacher(credential))
+    return TokenAttacher(channel, credential)
