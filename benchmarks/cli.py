@@ -12,6 +12,10 @@ import sys
 #: name -> (module with ``main(argv) -> int``, one-line description)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "weights": ("benchmarks.weights.run", "weight sync train -> eval: rlkube vs Ray, gloo, raw gRPC, memcpy"),
+    "auth": (
+        "benchmarks.auth.run",
+        "cost of the per-job credential on the weight stream and the trajectory push",
+    ),
     "rollout": (
         "benchmarks.rollout.run",
         "env steps/s for 1, 2, 4 eval workers, sync vs async, batched vs per-env requests, vs Ray",

@@ -12,6 +12,8 @@ import math
 import grpc
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.security.credential import Credential
+from rlkube.security.grpc_auth import open_channel
 
 from rlkube_operator.status import CoordinatorReport, NodeReport
 
@@ -43,9 +45,14 @@ def report_from_proto(message: pb.JobStatus) -> CoordinatorReport:
     )
 
 
-def get_status(target: str, *, timeout: float) -> CoordinatorReport | None:
-    """One GetStatus call; ``None`` when unreachable or past the deadline."""
-    with grpc.insecure_channel(target) as channel:
+def get_status(target: str, *, timeout: float, token: str = "") -> CoordinatorReport | None:
+    """One GetStatus call with the job's ``token``; ``None`` when unreachable or past the deadline.
+
+    A job with ``spec.security.tlsSecretName`` is asked over plain TCP too: its coordinator then
+    refuses, and the status says the coordinator is unreachable (see docs/operations.md, mTLS).
+    """
+    credential = Credential.of_token(token) if token else Credential.open()
+    with open_channel(target, credential) as channel:
         stub = pb_grpc.PolicyGroupStub(channel)
         try:
             answer = stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)

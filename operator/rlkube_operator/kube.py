@@ -24,6 +24,7 @@ PLURALS: dict[str, str] = {
     "StatefulSet": "statefulsets",
     "Pod": "pods",
     "NetworkPolicy": "networkpolicies",
+    "Secret": "secrets",
     "RLJob": "rljobs",
 }
 

@@ -50,6 +50,12 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
         "the job's Services and ConfigMap (server-side apply)",
     ),
     Rule(
+        ("",),
+        ("secrets",),
+        ("get", "create", "patch"),
+        "each job's credential Secret: read its token (GetStatus), create it once when missing",
+    ),
+    Rule(
         ("networking.k8s.io",),
         ("networkpolicies",),
         ("create", "patch"),

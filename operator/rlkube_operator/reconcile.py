@@ -8,6 +8,7 @@ not imported here, so tests drive a :class:`Reconciler` with a fake ``Kube``.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,12 +19,18 @@ from rlkube import contract as c
 from rlkube import run_policy
 from rlkube.contract import Role
 from rlkube.run_policy import PodRestarts
+from rlkube.security.credential import new_token
 from rlkube.spec import CleanPodPolicy, RLJob, SpecError, parse_job
 
 from rlkube_operator import metrics
 from rlkube_operator.coordinator import get_status
 from rlkube_operator.kube import ApiError, Kube
-from rlkube_operator.render import render, render_eval_statefulset, render_train_statefulset
+from rlkube_operator.render import (
+    render,
+    render_credential_secret,
+    render_eval_statefulset,
+    render_train_statefulset,
+)
 from rlkube_operator.settings import OperatorSettings
 from rlkube_operator.status import (
     Children,
@@ -125,6 +132,27 @@ class Reconciler:
             raise ReconcileError(f"applying {what} failed: {exc}", retryable=exc.retryable) from exc
         metrics.APPLIES.labels(kind=obj["kind"]).inc()
 
+    def _credential(self, job: RLJob, *, create: bool = True) -> str:
+        """The job's token: read from its Secret, or generated once and applied as that Secret.
+
+        ``create=False`` (status refreshes) only reads: '' when the Secret does not exist (yet).
+        """
+        try:
+            secret = self.kube.get("v1", "Secret", job.namespace, c.secret_name(job.name))
+        except ApiError as exc:
+            raise ReconcileError(
+                f"reading the job's credential failed: {exc}", retryable=exc.retryable
+            ) from exc
+        if secret is not None:
+            encoded = (secret.get("data") or {}).get(c.TOKEN_KEY)
+            if encoded:
+                return base64.b64decode(encoded).decode().splitlines()[0].strip()
+        if not create:
+            return ""
+        token = new_token()  # once per job: an existing Secret (maybe rotated by hand) is never replaced
+        self._apply(render_credential_secret(job, self.settings.render, token=token))
+        return token
+
     # Handlers' work --------------------------------------------------------------------------
 
     def reconcile(self, body: Mapping[str, Any], *, now: datetime) -> Outcome:
@@ -133,6 +161,7 @@ class Reconciler:
         if job is None:
             return invalid or Outcome()
         stopped = self._stopped(job)
+        self._credential(job)  # before the pods that mount it
         objects = render(job, self.settings.render, stopped=stopped)
         for obj in objects:
             self._apply(obj)
@@ -180,7 +209,9 @@ class Reconciler:
         report = None
         if children.train.exists and not self._stopped(job):
             target = self.settings.coordinator_target(job.name, job.namespace)
-            report = self.ask_coordinator(target, timeout=self.settings.coordinator_timeout)
+            report = self.ask_coordinator(
+                target, timeout=self.settings.coordinator_timeout, token=self._credential(job, create=False)
+            )
             if report is None and children.train.ready > 0:
                 metrics.UNREACHABLE.inc()
         derived = derive_status(job, children, report, now=now)

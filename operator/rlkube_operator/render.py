@@ -14,7 +14,13 @@ Objects of a job ``J`` in namespace ``N`` (names from :mod:`rlkube.contract`):
 * Service ``J-eval`` (headless): the eval StatefulSet's governing Service.
 * StatefulSet ``J-train``: DDP ranks, ``Parallel`` pod management, rank from the pod-index label.
 * StatefulSet ``J-eval``: rollout workers; ``kubectl scale rlj/J`` changes only its replicas.
-* NetworkPolicy ``J-train`` (when the operator enables it).
+* NetworkPolicy ``J-train`` (when the operator enables it): only pods carrying ``rlkube.io/job-pod: J``
+  (set on the operator's pod templates only; the CRD refuses ``rlkube.io/*`` labels in user
+  overrides) and the operator reach the train ranks' ports.
+* Secret ``J-credential`` (:func:`render_credential_secret`, applied by the reconciler once, with a
+  token it generates: render stays pure): the job's bearer token, mounted read-only at
+  ``/etc/rlkube/credential`` into this job's pods only. With ``spec.security.tlsSecretName`` the
+  user's TLS Secret is mounted at ``/etc/rlkube/tls`` too (mutual TLS on every gRPC call).
 
 The ``rlkube.io/spec-hash`` annotation is a digest of the spec without ``evaluator.replicas`` and
 of the operator's render settings: it is on every object and every pod template, so a spec
@@ -31,6 +37,7 @@ own trainer and evaluator settings here, in the pod templates and the backend.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -197,12 +204,46 @@ def render_eval_service(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
     }
 
 
+def job_pod_labels(job: RLJob) -> dict[str, str]:
+    """Labels only the operator's rendered pods of ``job`` carry (NetworkPolicies admit by them)."""
+    return {c.LABEL_JOB: job.name, c.LABEL_JOB_POD: job.name}
+
+
+def render_credential_secret(job: RLJob, settings: RenderSettings, *, token: str) -> dict[str, Any]:
+    """The job's credential Secret holding ``token`` (the caller generates it once, and keeps it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(job, settings, c.secret_name(job.name), None),
+        "type": "Opaque",
+        "data": {c.TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def credential_volumes(job: RLJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts, extra env) that give a pod the job's token, and its TLS files when asked for."""
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "credential",
+            "secret": {"secretName": c.secret_name(job.name), "defaultMode": 0o440},
+        }
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "credential", "mountPath": c.TOKEN_DIR, "readOnly": True}]
+    env: list[dict[str, Any]] = []
+    tls = job.spec.security.tls_secret_name
+    if tls:
+        volumes.append({"name": "tls", "secret": {"secretName": tls, "defaultMode": 0o440}})
+        mounts.append({"name": "tls", "mountPath": c.TLS_DIR, "readOnly": True})
+        env.append({"name": c.TLS_DIR_ENV, "value": c.TLS_DIR})
+    return volumes, mounts, env
+
+
 def render_network_policy(job: RLJob, settings: RenderSettings) -> dict[str, Any]:
     """Only this job's pods reach the train ranks' ports; the operator reaches the coordinator.
 
     The metrics port is open to any scraper (it serves read-only Prometheus text).
     """
-    own_pods = {"podSelector": {"matchLabels": {c.LABEL_JOB: job.name}}}
+    own_pods = {"podSelector": {"matchLabels": job_pod_labels(job)}}
     operator = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}},
         "podSelector": {"matchLabels": dict(settings.operator_pod_labels)},
@@ -244,6 +285,8 @@ def contract_env(job: RLJob, role: Role, settings: RenderSettings) -> list[dict[
         "RLKUBE_BACKEND": with_pod_defaults(job, settings.pod_defaults).spec.resolved_backend().value,
         "RLKUBE_WEIGHT_PORT": str(c.WEIGHT_PORT),
         "RLKUBE_METRICS_PORT": str(c.METRICS_PORT),
+        "RLKUBE_TOKEN_FILE": c.TOKEN_PATH,
+        "RLKUBE_LISTEN_HOST": c.LISTEN_ALL,
         "WORLD_SIZE": world,
         "LOCAL_RANK": "0",
         "MASTER_ADDR": master,
@@ -373,13 +416,16 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
     if weights is not None:
         volumes.append(weights)
         mounts.append({"name": "weights", "mountPath": c.SHM_DIR})
+    secret_volumes, secret_mounts, secret_env = credential_volumes(job)
+    volumes += secret_volumes
+    mounts += secret_mounts
 
     image = job.spec.image or settings.default_image
     container: dict[str, Any] = {
         "name": CONTAINER_NAME[role],
         "image": image,
         "args": list(POD_ARGS),
-        "env": contract_env(job, role, settings) + [copy.deepcopy(e) for e in pod.env],
+        "env": contract_env(job, role, settings) + secret_env + [copy.deepcopy(e) for e in pod.env],
         "volumeMounts": mounts,
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
@@ -423,7 +469,7 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
             spec[key] = value
     return {
         "metadata": {
-            "labels": {**pod.labels, **role_labels(job, role)},
+            "labels": {**pod.labels, **role_labels(job, role), **job_pod_labels(job)},
             "annotations": {**pod.annotations, ANNOTATION_SPEC_HASH: spec_hash(job, settings)},
         },
         "spec": spec,

@@ -80,6 +80,7 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     NO_FAILURE = "NoFailure"
     JOB_FINISHED = "JobFinished"
+    NON_FINITE_WEIGHTS = "NonFiniteWeights"
 
 
 CONDITION_ORDER: tuple[ConditionType, ...] = tuple(ConditionType)
@@ -316,7 +317,10 @@ def derive_status(
     elif report is not None and report.phase == "Failed":
         terminal = (
             Phase.FAILED,
-            Reason.TRAINING_FAILED,
+            # The coordinator names a known cause as the first word of its message.
+            Reason.NON_FINITE_WEIGHTS
+            if report.message.startswith(Reason.NON_FINITE_WEIGHTS.value)
+            else Reason.TRAINING_FAILED,
             report.message or "the coordinator reported a failure",
         )
     elif report is not None and (report.finished or report.phase == "Complete"):

@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="train and eval roles in one process (no gRPC, strategy None); for debugging a policy",
     )
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of a live bar")
+    run.add_argument(
+        "--listen",
+        default=None,
+        metavar="HOST",
+        help="address the coordinator and weight servers bind (default 127.0.0.1: this machine only)",
+    )
 
     validate = sub.add_parser("validate", help="check a job manifest")
     _job_args(validate)

@@ -46,6 +46,17 @@ JOB_CONFIG_KEY = "job.yaml"
 RUN_DIR = "/var/lib/rlkube"
 #: Shared-memory directory of the weight buffer (emptyDir Memory or hostPath, per strategy).
 SHM_DIR = "/dev/shm/rlkube"
+#: The job's credential, mounted read-only from its Secret (key ``token``; see rlkube.security).
+TOKEN_DIR = "/etc/rlkube/credential"
+TOKEN_KEY = "token"
+TOKEN_PATH = f"{TOKEN_DIR}/{TOKEN_KEY}"
+#: Optional mTLS certificates (cert-manager's ``tls.crt``, ``tls.key``, ``ca.crt``), from
+#: ``spec.security.tlsSecretName``; named by the optional variable RLKUBE_TLS_DIR.
+TLS_DIR = "/etc/rlkube/tls"
+TLS_DIR_ENV = "RLKUBE_TLS_DIR"
+#: Where the servers of a pod listen: every interface in a pod, loopback in a local run.
+LISTEN_ALL = "0.0.0.0"
+LISTEN_LOOPBACK = "127.0.0.1"
 
 # The image -----------------------------------------------------------------------------------
 #: The non-root user and group the image (Dockerfile) runs as; the operator's pods run as them too.
@@ -58,6 +69,14 @@ LABEL_ROLE = "rlkube.io/role"
 LABEL_REPLICA_INDEX = "rlkube.io/replica-index"
 #: Set by the StatefulSet controller on every pod (Kubernetes >= 1.28).
 LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
+#: Carried only by the pods the operator renders (the CRD refuses it in user pod overrides):
+#: the NetworkPolicies admit peers by it, so a user's own pod cannot pose as a job's pod.
+LABEL_JOB_POD = "rlkube.io/job-pod"
+
+
+def secret_name(job: str) -> str:
+    """The job's credential Secret (made by the operator, mounted only into the job's pods)."""
+    return f"{job}-credential"
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,16 @@ ENV_CONTRACT: tuple[EnvVar, ...] = (
     EnvVar("RLKUBE_JOB_CONFIG", "Path of the job manifest (YAML).", "spec"),
     EnvVar("RLKUBE_BACKEND", "torch.distributed backend: `nccl` or `gloo`.", "spec", (Role.TRAIN,)),
     EnvVar("RLKUBE_WEIGHT_PORT", "Port on which every train rank serves its weights.", "spec"),
+    EnvVar(
+        "RLKUBE_TOKEN_FILE",
+        "File holding the job's credential (one token a line: the first is sent, all are accepted).",
+        "spec",
+    ),
+    EnvVar(
+        "RLKUBE_LISTEN_HOST",
+        "Address the coordinator and weight servers bind (`0.0.0.0` in pods, `127.0.0.1` locally).",
+        "spec",
+    ),
     EnvVar(
         "RLKUBE_METRICS_PORT",
         f"Port of this pod's Prometheus `{METRICS_PATH}` ({METRICS_PORT}; unset or 0: none).",
@@ -184,6 +213,8 @@ class PodEnv:
     weight_port: int
     #: Prometheus /metrics (0: not served)
     metrics_port: int = 0
+    token_file: Path = Path(TOKEN_PATH)
+    listen_host: str = LISTEN_ALL
     # train only
     world_size: int = 1
     rank: int = 0
@@ -243,6 +274,8 @@ def read_pod_env(environ: Mapping[str, str]) -> PodEnv:
         weight_port=integer("RLKUBE_WEIGHT_PORT", minimum=1),
         # Optional: a pod started by hand (or by an older operator) runs without metrics.
         metrics_port=integer("RLKUBE_METRICS_PORT") if environ.get("RLKUBE_METRICS_PORT", "").strip() else 0,
+        token_file=Path(text("RLKUBE_TOKEN_FILE") or TOKEN_PATH),
+        listen_host=text("RLKUBE_LISTEN_HOST") or LISTEN_ALL,
     )
     if role is Role.TRAIN and not problems:
         world_size = integer("WORLD_SIZE", minimum=1)

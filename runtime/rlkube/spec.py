@@ -521,6 +521,18 @@ class EvaluatorSpec(PodSpecOverrides):
     replicas: NonNegativeInt = Field(1, le=10_000, description="Eval replicas; `kubectl scale` changes it.")
 
 
+class SecuritySpec(_Model):
+    """``security``: how the job's pods prove themselves to each other (a per-job token always)."""
+
+    tls_secret_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="A Secret with tls.crt, tls.key and ca.crt (cert-manager's layout): every gRPC "
+        "server of the job then requires, and every channel presents, a certificate signed by ca.crt.",
+    )
+
+
 class CheckpointSpec(_Model):
     """``checkpoint``: where checkpoints go and whether a restarted job resumes."""
 
@@ -602,6 +614,7 @@ class RLJobSpec(_Model):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     log: LogSpec = Field(default_factory=LogSpec)
 
@@ -680,6 +693,22 @@ def _no_reserved_env(pod: PodSpecOverrides) -> bool:
     )
 
 
+#: The pod label users may not set (``rlkube.contract.LABEL_JOB_POD``, repeated to keep spec free of
+#: imports): only the operator's rendered pods carry it, and NetworkPolicies admit peers by it.
+RESERVED_LABEL = "rlkube.io/job-pod"
+
+
+def _no_reserved_labels(pod: PodSpecOverrides) -> bool:
+    return RESERVED_LABEL not in pod.labels
+
+
+_RESERVED_LABELS_CEL = "!has(self.{role}.labels) || !('" + RESERVED_LABEL + "' in self.{role}.labels)"
+
+_RESERVED_LABELS_MESSAGE = (
+    f"expected no {RESERVED_LABEL} label: the operator sets it, and NetworkPolicies admit the job's "
+    "pods by it"
+)
+
 _RESERVED_CEL = (
     "!has(self.{role}.env) || self.{role}.env.all(e, !(e.name in "
     "['WORLD_SIZE','RANK','LOCAL_RANK','MASTER_ADDR','MASTER_PORT']) "
@@ -727,6 +756,20 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "LOCAL_RANK, MASTER_ADDR, MASTER_PORT): rlkube sets those",
         check=lambda s: _no_reserved_env(s.evaluator),
         got=lambda s: sorted(_env_names(s.evaluator)),
+    ),
+    CrossFieldRule(
+        path="spec.trainer.labels",
+        cel=_RESERVED_LABELS_CEL.format(role="trainer"),
+        message=_RESERVED_LABELS_MESSAGE,
+        check=lambda s: _no_reserved_labels(s.trainer),
+        got=lambda s: sorted(s.trainer.labels),
+    ),
+    CrossFieldRule(
+        path="spec.evaluator.labels",
+        cel=_RESERVED_LABELS_CEL.format(role="evaluator"),
+        message=_RESERVED_LABELS_MESSAGE,
+        check=lambda s: _no_reserved_labels(s.evaluator),
+        got=lambda s: sorted(s.evaluator.labels),
     ),
 )
 

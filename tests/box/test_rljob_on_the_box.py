@@ -9,6 +9,7 @@ printed (``pytest -s``), not asserted.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -23,6 +24,8 @@ import grpc
 import pytest
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.security.credential import Credential
+from rlkube.security.grpc_auth import open_channel
 
 from tests.box.conftest import Box, Seen, alive, pid_of
 from tests.operator.conftest import Kubectl
@@ -79,9 +82,12 @@ def table(k: Kubectl) -> dict[str, str]:
     return dict(zip(re.split(r"\s{2,}", header), re.split(r"\s{2,}", row), strict=False))
 
 
-def coordinator_status(box: Box, namespace: str) -> pb.JobStatus | None:
-    """GetStatus through the same address the operator uses."""
-    with grpc.insecure_channel(box.kubelet.coordinator_target(namespace, NAME)) as channel:
+def coordinator_status(box: Box, k: Kubectl) -> pb.JobStatus | None:
+    """GetStatus through the same address the operator uses, with the job's credential."""
+    secret = json.loads(k("get", "secret", f"{NAME}-credential", "-o", "json").stdout)
+    token = base64.b64decode(secret["data"]["token"]).decode().strip()
+    target = box.kubelet.coordinator_target(k.namespace, NAME)
+    with open_channel(target, Credential.of_token(token)) as channel:
         try:
             return pb_grpc.PolicyGroupStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
         except grpc.RpcError:
@@ -150,7 +156,7 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
         what="3 ready eval pods",
     )
     registered = wait_for(
-        lambda: (s := coordinator_status(box, k.namespace)) is not None and s.eval_workers == 3 and s,
+        lambda: (s := coordinator_status(box, k)) is not None and s.eval_workers == 3 and s,
         timeout=240,
         interval=0.5,
         what="3 eval workers registered with the coordinator",

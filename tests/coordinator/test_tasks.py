@@ -14,7 +14,8 @@ def board_with_epoch(fragments: int = 4, version: int = 7) -> TaskBoard:
 def test_epoch_tasks_are_leased_once_each_with_the_epoch_version() -> None:
     board = board_with_epoch()
     tasks = [board.lease(f"w{i}") for i in range(4)]
-    assert {t.task_id for t in tasks if t} == {"e3-f0", "e3-f1", "e3-f2", "e3-f3"}
+    ids = [t.task_id for t in tasks if t]
+    assert sorted(i.rsplit(".", 1)[0] for i in ids) == ["e3-f0", "e3-f1", "e3-f2", "e3-f3"]
     assert all(t is not None and t.min_version == 7 and t.steps == 16 for t in tasks)
     assert board.lease("w5") is None
 
@@ -100,3 +101,20 @@ def test_stream_mode_tasks_carry_the_current_minimum_version() -> None:
     task = board.lease("a")
     assert task
     assert task.min_version == 5
+
+
+def test_task_ids_are_unguessable_so_nobody_pushes_a_task_not_leased_to_them() -> None:
+    first, second = board_with_epoch(fragments=2), board_with_epoch(fragments=2)
+    ids = [t.task_id for board in (first, second) for t in (board.lease("a"), board.lease("b")) if t]
+    assert len(set(ids)) == 4  # the same epoch and index never give the same id twice
+    assert all(len(i.rsplit(".", 1)[1]) >= 12 for i in ids)
+
+
+def test_the_board_knows_who_holds_a_task_and_whose_push_was_acknowledged() -> None:
+    board = board_with_epoch(fragments=1)
+    task = board.lease("a")
+    assert task
+    assert board.holder(task.task_id) == "a"
+    board.ack(task.task_id, "a")
+    assert board.holder(task.task_id) is None
+    assert board.acked_by(task.task_id) == "a"

@@ -63,21 +63,23 @@ def operator_grants(objects: tuple[dict[str, Any], ...]) -> set[Grant]:
 
 
 def test_cluster_wide_mode_grants_exactly_the_operators_rules() -> None:
-    assert operator_grants(render(DEFAULT)) == grants(always(RULES), CLUSTER)
+    # NetworkPolicies are on by default, so their grant is too.
+    assert operator_grants(render(DEFAULT)) == grants(RULES, CLUSTER)
 
 
 def test_namespaced_mode_grants_namespaced_rules_per_namespace_and_the_rest_cluster_wide() -> None:
     expected = (
         grants(always(CLUSTER_RULES), CLUSTER)
-        | grants(always(NAMESPACED_RULES), "team-a")
-        | grants(always(NAMESPACED_RULES), "team-b")
+        | grants(NAMESPACED_RULES, "team-a")
+        | grants(NAMESPACED_RULES, "team-b")
     )
     assert operator_grants(render(NAMESPACED)) == expected
 
 
 def test_network_policy_switch_adds_only_the_networkpolicy_grant() -> None:
-    on = ValueSet("netpol", sets=("networkPolicy.enabled=true",))
-    assert operator_grants(render(on)) == grants(RULES, CLUSTER)
+    off = ValueSet("no-netpol", sets=("networkPolicy.enabled=false",))
+    assert operator_grants(render(off)) == grants(always(RULES), CLUSTER)
+    assert operator_grants(render(DEFAULT)) == grants(RULES, CLUSTER)
     assert grants(RULES, CLUSTER) - grants(always(RULES), CLUSTER) == {
         (CLUSTER, "networking.k8s.io", "networkpolicies", verb) for verb in ("create", "patch")
     }

@@ -78,9 +78,9 @@ def test_chart_refuses_kubernetes_older_than_1_29() -> None:
 def test_default_install_renders_the_operator_and_its_plumbing() -> None:
     kinds = sorted(o["kind"] for o in render(DEFAULT))
     expected = ["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding"]
-    assert kinds == sorted([*expected, "Service", "Deployment"])
+    assert kinds == sorted([*expected, "Service", "Deployment", "NetworkPolicy"])
     for document in render(DEFAULT):
-        if document["kind"] in ("ServiceAccount", "Service", "Deployment"):
+        if document["kind"] in ("ServiceAccount", "Service", "Deployment", "NetworkPolicy"):
             assert document["metadata"]["namespace"] == NAMESPACE
 
 
@@ -142,7 +142,7 @@ def test_operator_settings_reach_the_operator_as_env() -> None:
     env = operator_env(render(DEFAULT))
     assert env["RLKUBE_OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["RLKUBE_DEFAULT_IMAGE"] == "rlkube:0.1.0"  # the operator's own image
-    assert env["RLKUBE_NETWORK_POLICY"] == "false"
+    assert env["RLKUBE_NETWORK_POLICY"] == "true"  # on by default
     assert env["RLKUBE_LOG_LEVEL"] == "info"
     labels = json.loads(env["RLKUBE_OPERATOR_POD_LABELS"])
     assert labels == only(render(DEFAULT), "Deployment")["spec"]["selector"]["matchLabels"]
@@ -211,7 +211,8 @@ def test_service_monitor_needs_the_metrics_service() -> None:
 
 
 def test_network_policy_admits_only_the_metrics_port_of_the_operator() -> None:
-    assert not find(render(DEFAULT), "NetworkPolicy")
+    assert not find(render(ValueSet("no-netpol", sets=("networkPolicy.enabled=false",))), "NetworkPolicy")
+    assert find(render(DEFAULT), "NetworkPolicy")  # on by default
     objects = render(EVERYTHING)
     policy = only(objects, "NetworkPolicy")
     deployment = only(objects, "Deployment")

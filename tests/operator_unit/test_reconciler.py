@@ -57,13 +57,16 @@ def sts(replicas: int, ready: int) -> dict[str, Any]:
 
 
 def reconciler(kube: FakeKube, report: CoordinatorReport | None = None) -> Reconciler:
-    return Reconciler(kube=kube, settings=OperatorSettings(), ask_coordinator=lambda target, timeout: report)
+    return Reconciler(
+        kube=kube, settings=OperatorSettings(), ask_coordinator=lambda target, timeout, token: report
+    )
 
 
 def test_reconcile_applies_every_object_in_order() -> None:
     kube = FakeKube()
     outcome = reconciler(kube).reconcile(body(), now=NOW)
     assert [o["kind"] for o in kube.applied] == [
+        "Secret",
         "ConfigMap",
         "Service",
         "Service",
@@ -120,7 +123,7 @@ def test_api_errors_become_reconcile_errors_that_say_whether_to_retry(status: in
     with pytest.raises(ReconcileError) as caught:
         reconciler(kube).reconcile(body(), now=NOW)
     assert caught.value.retryable is retryable
-    assert "ConfigMap cartpole-job" in str(caught.value)
+    assert "Secret cartpole-credential" in str(caught.value)  # the first object it applies
 
 
 def test_refresh_reports_progress_and_transitions() -> None:
@@ -138,7 +141,7 @@ def test_refresh_does_not_ask_a_coordinator_that_has_no_statefulset() -> None:
     asked = []
     kube = FakeKube()
     rec = Reconciler(
-        kube=kube, settings=OperatorSettings(), ask_coordinator=lambda t, timeout: asked.append(t)
+        kube=kube, settings=OperatorSettings(), ask_coordinator=lambda t, timeout, token: asked.append(t)
     )
     rec.refresh(body(), now=NOW)
     assert asked == []

@@ -318,7 +318,9 @@ def test_network_policy_admits_only_the_jobs_pods_and_the_operator() -> None:
     policy = objects["NetworkPolicy", "cartpole-train"]["spec"]
     assert policy["podSelector"]["matchLabels"] == {c.LABEL_JOB: "cartpole", c.LABEL_ROLE: "train"}
     own, operator, metrics = policy["ingress"]
-    assert own["from"] == [{"podSelector": {"matchLabels": {c.LABEL_JOB: "cartpole"}}}]
+    # Only pods the operator rendered carry rlkube.io/job-pod (the CRD refuses it in user overrides).
+    job_pods = {c.LABEL_JOB: "cartpole", c.LABEL_JOB_POD: "cartpole"}
+    assert own["from"] == [{"podSelector": {"matchLabels": job_pods}}]
     assert {p["port"] for p in own["ports"]} == {c.MASTER_PORT, c.COORDINATOR_PORT, c.WEIGHT_PORT}
     assert operator["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ops"}
     assert operator["ports"] == [{"protocol": "TCP", "port": c.COORDINATOR_PORT}]

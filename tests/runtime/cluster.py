@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.security.credential import Credential
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,7 +107,9 @@ class LocalRun:
             address = self.cluster().get("coordinator")
             if not address:
                 return None
-            self._client = PolicyGroupClient(address)
+            token = self.cluster().get("token_file")
+            credential = Credential.from_file(Path(token)) if token else None
+            self._client = PolicyGroupClient(address, credential=credential)
         try:
             return self._client.status(timeout=2.0)
         except CoordinatorError:

@@ -12,6 +12,9 @@
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]

@@ -18,6 +18,8 @@ import grpc
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.security.credential import Credential, process_credential
+from rlkube.security.grpc_auth import open_channel
 from rlkube.weights.wire import CHANNEL_OPTIONS
 
 logger = logging.getLogger(__name__)
@@ -40,9 +42,11 @@ class CoordinatorError(RuntimeError):
 
 
 class PolicyGroupClient:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, credential: Credential | None = None) -> None:
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+        #: Presented on every call (default: this process's, from the env contract).
+        self.credential = credential if credential is not None else process_credential()
+        self._channel = open_channel(address, self.credential, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.PolicyGroupStub(self._channel)
 
     def close(self) -> None:

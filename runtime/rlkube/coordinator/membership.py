@@ -9,6 +9,7 @@ work leased to a dead process is reassigned without waiting for its lease to exp
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -24,6 +25,8 @@ class Worker:
     last_seen: float
     fragments_pushed: int = 0
     env_steps: int = 0
+    #: The public name (``pod#n``), for logs and status; ``worker_id`` adds a secret part.
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,11 @@ class Membership:
         ]
         for gone in replaced:
             del self._workers[gone.worker_id]
-        worker_id = f"{pod_name or 'worker'}#{next(self._ids)}"
+        name = f"{pod_name or 'worker'}#{next(self._ids)}"
+        # The id a worker presents on every call: unguessable, so no one else can act as it.
+        worker_id = f"{name}.{secrets.token_urlsafe(12)}"
         worker = Worker(
+            name=name,
             worker_id=worker_id,
             pod_name=pod_name,
             node_name=node_name,

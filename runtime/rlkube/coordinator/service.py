@@ -1,30 +1,39 @@
 """The PolicyGroup gRPC service on train rank 0 (and WeightStore beside it on the same port).
 
 I/O (gRPC server threads). Each RPC is a thin translation to :class:`~rlkube.coordinator.state.Coordinator`;
-bad input (a malformed fragment, an unknown worker) is answered with a gRPC status naming the
-problem and never disturbs the server. A reaper thread expires silent workers once a second, so
-a vanished worker's leased fragments go to the others.
+bad input (a malformed fragment, an unknown worker, a push for someone else's lease) is answered
+with a gRPC status naming the problem (INVALID_ARGUMENT, PERMISSION_DENIED, RESOURCE_EXHAUSTED,
+NOT_FOUND; never UNKNOWN, see :func:`answer`) and never disturbs the server. Every call must carry
+the job's credential (``rlkube.security``): the server's one interceptor refuses it
+otherwise. A reaper thread expires silent workers once a second, so a vanished worker's leased
+fragments go to the others.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
-from concurrent import futures
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import grpc
+from tensordict import TensorDict
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.coordinator.edge import MAX_REQUEST_BYTES, Refusal, Refused, check_name
 from rlkube.coordinator.state import STOP, Coordinator, NotRegistered, ShardGone
 from rlkube.coordinator.tasks import TaskKind, TaskSpec
 from rlkube.coordinator.wire import batch_to_proto, fragment_from_proto
 from rlkube.data.wire import WireError
+from rlkube.security.credential import Credential, process_credential
+from rlkube.security.grpc_auth import listen, make_server
 from rlkube.weights.consistency import WorkerLoad
-from rlkube.weights.wire import SERVER_OPTIONS, abort
+from rlkube.weights.wire import MAX_MESSAGE_BYTES, abort
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
 
 #: The longest a long poll (LeaseTask, PullShard) may be held, whatever the client asks.
 MAX_POLL_SECONDS = 30.0
@@ -47,24 +56,49 @@ def task_to_proto(task: TaskSpec | str | None) -> pb.Task:
     )
 
 
+#: Exceptions that mean "the request is malformed" when they escape the explicit checks (last resort).
+BAD_INPUT: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, IndexError, OverflowError)
+
+
+def answer(context: grpc.ServicerContext, call: Callable[[], T]) -> T:
+    """``call()``, its refusals answered with their gRPC code and reason (never UNKNOWN)."""
+    try:
+        return call()
+    except Refused as exc:
+        code, detail = getattr(grpc.StatusCode, exc.kind.value), exc.reason
+    except NotRegistered as exc:
+        code, detail = grpc.StatusCode.NOT_FOUND, f"worker {_short(str(exc))} is not registered"
+    except ShardGone as exc:
+        code, detail = grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+    except WireError as exc:
+        code, detail = grpc.StatusCode.INVALID_ARGUMENT, f"malformed batch: {exc}"
+    except BAD_INPUT as exc:
+        logger.info("refused a malformed request: %s", exc)
+        code, detail = grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(exc).__name__}: {exc}"
+    abort(context, code, detail[:1024])
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
+        return answer(context, lambda: self._register(request))
+
+    def _register(self, request: pb.RegisterRequest) -> pb.RegisterResponse:
         if request.role and request.role != "eval":
-            abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"role {request.role!r}: only eval workers register",
-            )
+            raise Refused(Refusal.INVALID, f"role {_short(request.role)!r}: only eval workers register")
         worker = self.coordinator.register(
             pod_name=request.pod_name,
             node_name=request.node_name,
             replica_index=request.replica_index,
             num_envs=request.num_envs,
         )
-        logger.info("eval worker %s joined (node %s)", worker.worker_id, worker.node_name)
+        logger.info("eval worker %s joined (node %s)", worker.name, worker.node_name)
         return pb.RegisterResponse(
             worker_id=worker.worker_id,
             lease_seconds=self.coordinator.lease_seconds,
@@ -76,37 +110,49 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
         )
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
-        known = self.coordinator.heartbeat(request.worker_id)
-        return pb.HeartbeatResponse(known=known, finished=self.coordinator.snapshot.finished)
+        def beat() -> pb.HeartbeatResponse:
+            check_name("worker_id", request.worker_id)
+            known = self.coordinator.heartbeat(request.worker_id)
+            return pb.HeartbeatResponse(known=known, finished=self.coordinator.snapshot.finished)
+
+        return answer(context, beat)
 
     def Deregister(
         self, request: pb.DeregisterRequest, context: grpc.ServicerContext
     ) -> pb.DeregisterResponse:
-        self.coordinator.deregister(request.worker_id, reason=request.reason)
-        logger.info("eval worker %s left (%s)", request.worker_id, request.reason or "deregistered")
-        return pb.DeregisterResponse()
+        def leave() -> pb.DeregisterResponse:
+            check_name("worker_id", request.worker_id)
+            check_name("reason", request.reason)
+            self.coordinator.deregister(request.worker_id, reason=request.reason)
+            logger.info(
+                "eval worker %s left (%s)", _short(request.worker_id), request.reason or "deregistered"
+            )
+            return pb.DeregisterResponse()
+
+        return answer(context, leave)
 
     def ReportLoaded(
         self, request: pb.ReportLoadedRequest, context: grpc.ServicerContext
     ) -> pb.ReportLoadedResponse:
-        try:
-            consistent, detail = self.coordinator.report_loaded(
-                WorkerLoad(
-                    worker_id=request.worker_id,
-                    node_name=request.node_name,
-                    incarnation=request.incarnation,
-                    version=request.version,
-                    fingerprint=dict(request.fingerprint),
-                    load_seconds=request.load_seconds,
-                    blocked_seconds=request.blocked_seconds,
-                )
+        return answer(context, lambda: self._report_loaded(request))
+
+    def _report_loaded(self, request: pb.ReportLoadedRequest) -> pb.ReportLoadedResponse:
+        check_name("worker_id", request.worker_id, required=True)
+        consistent, detail = self.coordinator.report_loaded(
+            WorkerLoad(
+                worker_id=request.worker_id,
+                node_name=request.node_name,
+                incarnation=request.incarnation,
+                version=request.version,
+                fingerprint=dict(request.fingerprint),
+                load_seconds=request.load_seconds,
+                blocked_seconds=request.blocked_seconds,
             )
-        except NotRegistered:
-            abort(context, grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered")
+        )
         if not consistent:
             logger.warning(
                 "eval worker %s loaded version %d inconsistently: %s",
-                request.worker_id,
+                _short(request.worker_id),
                 request.version,
                 detail,
             )
@@ -114,18 +160,20 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
 
     def LeaseTask(self, request: pb.LeaseTaskRequest, context: grpc.ServicerContext) -> pb.Task:
         wait = min(max(request.wait_seconds, 0.0), MAX_POLL_SECONDS, _time_left(context))
-        try:
+
+        def lease() -> pb.Task:
+            check_name("worker_id", request.worker_id, required=True)
             return task_to_proto(self.coordinator.lease(request.worker_id, wait_seconds=wait))
-        except NotRegistered:
-            abort(context, grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered")
+
+        return answer(context, lease)
 
     def PushFragment(self, request: pb.Fragment, context: grpc.ServicerContext) -> pb.PushAck:
-        fragment = None
-        if request.batch.tensors:
-            try:
-                fragment = fragment_from_proto(request)
-            except (WireError, ValueError) as exc:
-                return pb.PushAck(accepted=False, reason=f"malformed fragment {request.task_id}: {exc}")
+        return answer(context, lambda: self._push(request))
+
+    def _push(self, request: pb.Fragment) -> pb.PushAck:
+        check_name("task_id", request.task_id, required=True)
+        check_name("worker_id", request.worker_id, required=True)
+        fragment = fragment_from_proto(request) if request.batch.tensors else None
         outcome = self.coordinator.push(
             task_id=request.task_id,
             worker_id=request.worker_id,
@@ -144,10 +192,14 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
 
     def PullShard(self, request: pb.PullShardRequest, context: grpc.ServicerContext) -> Iterator[pb.Fragment]:
         wait = min(max(request.wait_seconds, 0.0), MAX_POLL_SECONDS, _time_left(context))
-        try:
-            shard = self.coordinator.pull_shard(
+
+        def pull() -> TensorDict | None:
+            return self.coordinator.pull_shard(
                 serial=request.epoch, rank=request.rank, world_size=request.world_size, wait_seconds=wait
             )
+
+        try:
+            shard = pull()
         except (ValueError, ShardGone) as exc:
             abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if shard is None:
@@ -176,7 +228,7 @@ def job_status(coordinator: Coordinator) -> pb.JobStatus:
     ]
     workers = [
         pb.WorkerStatus(
-            worker_id=w.worker_id,
+            worker_id=w.name,  # the public name: the id itself is the worker's secret
             pod_name=w.pod_name,
             node_name=w.node_name,
             loaded_version=loads[w.worker_id].version if w.worker_id in loads else 0,
@@ -220,8 +272,14 @@ class CoordinatorServer:
         address: str,
         extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
         max_workers: int = 64,
+        credential: Credential | None = None,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
     ) -> None:
         self.coordinator = coordinator
+        #: Every call must present it (default: this process's, from the env contract).
+        self.credential = credential if credential is not None else process_credential()
+        #: The largest request read (one push: raise it for jobs with large observations).
+        self.max_request_bytes = max_request_bytes
         self.address = address
         self.extra_handlers = tuple(extra_handlers)
         self.max_workers = max_workers
@@ -231,16 +289,24 @@ class CoordinatorServer:
         self._reaper: threading.Thread | None = None
 
     def start(self) -> CoordinatorServer:
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="policy-group"),
-            options=list(SERVER_OPTIONS),
+        server = make_server(
+            self.credential,
+            max_workers=self.max_workers,
+            options=(
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", self.max_request_bytes),
+            ),
+            thread_name_prefix="policy-group",
         )
         pb_grpc.add_PolicyGroupServicer_to_server(PolicyGroupServicer(self.coordinator), server)
         if self.extra_handlers:
             server.add_generic_rpc_handlers(self.extra_handlers)
-        self.port = server.add_insecure_port(self.address)
-        if self.port == 0:
-            raise OSError(f"the coordinator cannot listen on {self.address}")
+        try:
+            self.port = listen(server, self.address, self.credential)
+        except OSError:
+            raise OSError(f"the coordinator cannot listen on {self.address}") from None
+        if not self.credential.enforced:
+            logger.warning("the coordinator on %s accepts calls without a credential", self.address)
         server.start()
         self._server = server
         self._reaper = threading.Thread(target=self._reap, name="coordinator-reaper", daemon=True)
@@ -252,7 +318,7 @@ class CoordinatorServer:
             for departure in self.coordinator.expire():
                 logger.warning(
                     "eval worker %s expired (%s); its work is reassigned",
-                    departure.worker_id,
+                    departure.pod_name or "(unnamed)",
                     departure.reason,
                 )
 

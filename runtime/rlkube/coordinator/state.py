@@ -5,6 +5,12 @@ engine calls the engine-facing half directly (rank 0 hosts both). One condition 
 membership, the work board and the shard hand-out; long polls (``lease``, ``pull_shard``) wait
 on it with the deadline the caller gives. Trajectories are kept in ``rlkube.data``'s
 RolloutBuffer; the work board decides which pushes are accepted (the first of each task).
+
+Nothing from the wire is trusted (see ``coordinator.edge``): a push is accepted only from the
+member that holds the task's lease, and only if its trajectories match the job's schema (learned
+from the first fragment accepted) and hold finite observations and rewards; a load report only
+from a member, once per version; registrations are rate- and count-limited. Refusals raise
+:class:`~rlkube.coordinator.edge.Refused` with the reason before any state changes.
 """
 
 from __future__ import annotations
@@ -18,12 +24,28 @@ from dataclasses import dataclass, field
 
 from tensordict import TensorDict
 
+from rlkube.coordinator.edge import (
+    MAX_EPISODES_PER_PUSH,
+    MAX_FINGERPRINT_ENTRIES,
+    MAX_MEMBERS,
+    MAX_NUM_ENVS,
+    Refusal,
+    Refused,
+    RegistrationGate,
+    check_name,
+)
 from rlkube.coordinator.journal import AckJournal
 from rlkube.coordinator.membership import Departure, Membership, Worker
 from rlkube.coordinator.progress import Progress
 from rlkube.coordinator.tasks import AckResult, TaskBoard, TaskKind, TaskSpec
 from rlkube.data.fragment import Fragment
 from rlkube.data.rollout_buffer import AddResult, EpochBatch, RolloutBuffer
+from rlkube.data.schema import (
+    TrajectorySchema,
+    missing_standard_keys,
+    non_finite,
+    non_finite_numbers,
+)
 from rlkube.spec import RLJob
 from rlkube.weights.consistency import LoadTracker, WorkerLoad
 
@@ -79,6 +101,12 @@ class Coordinator:
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     #: Sync engines: acknowledged fragments are journalled here before the worker hears so.
     journal: AckJournal | None = None
+    #: Live members at most (a registration past it is refused RESOURCE_EXHAUSTED).
+    max_members: int = MAX_MEMBERS
+    #: Registrations admitted: a burst, then a steady rate (see ``coordinator.edge``).
+    registrations: RegistrationGate = field(default_factory=RegistrationGate)
+    #: The leaves every fragment must have; None: learned from the first fragment accepted.
+    schema: TrajectorySchema | None = None
 
     def __post_init__(self) -> None:
         spec = self.job.spec
@@ -102,10 +130,25 @@ class Coordinator:
         self._version_checks: dict[int, list[bool]] = {}  # version -> each worker's fingerprint verdict
         #: Acknowledged fragments of a previous incarnation taken back from the journal.
         self.replayed = 0
+        self._reported: dict[str, set[tuple[str, int]]] = {}  # worker -> (incarnation, version) reported
 
     # ================================================================= worker-facing (RPCs)
     def register(self, *, pod_name: str, node_name: str, replica_index: int, num_envs: int) -> Worker:
+        """Add an eval worker; :class:`Refused` for bad names, too many members or too many registrations."""
+        check_name("pod_name", pod_name)
+        check_name("node_name", node_name)
+        if not 0 <= replica_index < (1 << 31):
+            raise Refused(Refusal.INVALID, f"replica_index {replica_index} is out of range")
+        if not 0 <= num_envs <= MAX_NUM_ENVS:
+            raise Refused(Refusal.INVALID, f"num_envs {num_envs}: between 0 and {MAX_NUM_ENVS}")
         with self._cond:
+            replacing = any(w.pod_name == pod_name for w in self.members.workers()) if pod_name else False
+            if len(self.members) >= self.max_members and not replacing:
+                raise Refused(
+                    Refusal.EXHAUSTED, f"the job has {len(self.members)} eval workers, the most it takes"
+                )
+            if not self.registrations.admit(self.clock()):
+                raise Refused(Refusal.EXHAUSTED, "too many registrations; retry in a second")
             worker, replaced = self.members.register(
                 pod_name=pod_name,
                 node_name=node_name,
@@ -145,6 +188,7 @@ class Coordinator:
         for departure in departures:
             self.board.release_worker(departure.worker_id)
             self.loads.forget(departure.worker_id)
+            self._reported.pop(departure.worker_id, None)
 
     def lease(self, worker_id: str, *, wait_seconds: float) -> TaskSpec | str | None:
         """The worker's next task, :data:`STOP` when the job is over, or None after ``wait_seconds``."""
@@ -174,26 +218,52 @@ class Coordinator:
         rollout_seconds: float = 0.0,
         weight_wait_seconds: float = 0.0,
     ) -> PushOutcome:
-        """Accept the first push of a task; later pushes of it are duplicates, counted nowhere."""
+        """Accept the first push of a task from its lease holder; later pushes of it are duplicates.
+
+        :class:`Refused` (nothing changes): DENIED for a caller that is not a member, not the
+        task's lease holder, or not the worker whose push was acknowledged; INVALID for
+        trajectories that do not fit the job's schema, the task's shape, or are not finite (the
+        task goes back to the queue for another worker).
+        """
+        check_name("task_id", task_id, required=True)
+        check_name("worker_id", worker_id, required=True)
+        if len(episode_returns) > MAX_EPISODES_PER_PUSH or len(episode_returns) != len(episode_lengths):
+            raise Refused(
+                Refusal.INVALID, f"{len(episode_returns)} episode returns, {len(episode_lengths)} lengths"
+            )
+        if non_finite_numbers(episode_returns) or any(n < 0 for n in episode_lengths):
+            raise Refused(Refusal.INVALID, "episode returns must be finite and lengths not negative")
         with self._cond:
-            self.members.touch(worker_id, now=self.clock())
-            result, task = self.board.ack(task_id)
-            if result is AckResult.DUPLICATE:
+            if self.members.touch(worker_id, now=self.clock()) is None:
+                raise Refused(Refusal.DENIED, "the pushing worker is not registered with this coordinator")
+            acked_by = self.board.acked_by(task_id)
+            if acked_by is not None:
+                if acked_by != worker_id:
+                    raise Refused(Refusal.DENIED, f"task {task_id} was pushed by another worker")
                 self.progress.duplicates += 1
                 return PushOutcome(accepted=True, duplicate=True)
-            if result is AckResult.UNKNOWN or task is None:
+            if not self.board.is_open(task_id):
                 return PushOutcome(accepted=False, reason=f"task {task_id} is not open (an earlier epoch?)")
+            if self.board.holder(task_id) != worker_id:
+                raise Refused(Refusal.DENIED, f"task {task_id} is not leased to this worker")
+            task = self.board.task(task_id)
+            if task.kind is TaskKind.COLLECT:
+                self._check_fragment(task, worker_id, fragment)
+            result, acked = self.board.ack(task_id, worker_id)
+            if result is not AckResult.ACCEPTED or acked is None:  # checked above, under the same lock
+                return PushOutcome(accepted=False, reason=f"task {task_id} is not open")
             if task.kind is TaskKind.EVALUATE:
                 self._evaluations[task_id] = (episode_returns, episode_lengths)
             else:
-                if fragment is None:
-                    return PushOutcome(accepted=False, reason=f"task {task_id} needs a trajectory batch")
+                assert fragment is not None
                 if self.journal is not None:  # durable before it is acknowledged
                     self.journal.record(epoch=task.epoch, fragment=fragment)
                 added = self.buffer.add(task_id, fragment)
                 if added is AddResult.FULL:  # cannot happen while the board bounds the work; be safe
                     self.board.release_worker(worker_id)
                     return PushOutcome(accepted=False, reason="trajectory buffer is full; retry")
+                if self.schema is None:
+                    self.schema = TrajectorySchema.of(fragment.data)
                 self.progress.record_fragment(
                     env_steps=fragment.env_steps,
                     episodes=len(fragment.episode_returns),
@@ -208,6 +278,29 @@ class Coordinator:
             self._cond.notify_all()
             return PushOutcome(accepted=True)
 
+    def _check_fragment(self, task: TaskSpec, worker_id: str, fragment: Fragment | None) -> None:
+        """Refuse (INVALID, requeueing the task) trajectories the trainer could not train on."""
+        problem = None
+        if fragment is None:
+            problem = f"task {task.task_id} needs a trajectory batch"
+        else:
+            worker = self.members.get(worker_id)
+            num_envs = worker.num_envs if worker is not None and worker.num_envs else fragment.num_envs
+            if task.steps and (fragment.length, fragment.num_envs) != (task.steps, num_envs):
+                problem = (
+                    f"batch is [{fragment.num_envs}, {fragment.length}], the task asks for "
+                    f"[{num_envs}, {task.steps}] (num_envs x steps)"
+                )
+            else:
+                problem = missing_standard_keys(fragment.data)
+            if problem is None and self.schema is not None:
+                problem = self.schema.mismatch(TrajectorySchema.of(fragment.data))
+            problem = problem or non_finite(fragment.data)
+        if problem is not None:
+            self.board.requeue(task.task_id)
+            self._cond.notify_all()
+            raise Refused(Refusal.INVALID, f"fragment refused: {problem}")
+
     def report_loaded(self, load: WorkerLoad) -> tuple[bool, str]:
         """Record a worker's loaded version; :class:`NotRegistered` for a worker that is not a member.
 
@@ -215,9 +308,29 @@ class Coordinator:
         coordinator that has not noticed the restart yet, or one already expired) is refused: taken
         in, it would be waited for, forever behind, when the run ends.
         """
+        check_name("node_name", load.node_name)
+        check_name("incarnation", load.incarnation)
+        if len(load.fingerprint) > MAX_FINGERPRINT_ENTRIES:
+            raise Refused(
+                Refusal.INVALID,
+                f"a fingerprint of {len(load.fingerprint)} entries; at most {MAX_FINGERPRINT_ENTRIES}",
+            )
+        if any(len(name) > 1024 for name in load.fingerprint) or non_finite_numbers(
+            load.fingerprint.values()
+        ):
+            raise Refused(
+                Refusal.INVALID, "fingerprint entries need names of <= 1024 characters and finite norms"
+            )
         with self._cond:
             if self.members.touch(load.worker_id, now=self.clock()) is None:
                 raise NotRegistered(load.worker_id)
+            key = (load.incarnation, load.version)
+            reported = self._reported.setdefault(load.worker_id, set())
+            if key in reported:
+                raise Refused(Refusal.DENIED, f"version {load.version} was already reported by this worker")
+            reported.add(key)
+            if len(reported) > 64:
+                reported.discard(min(reported, key=lambda k: k[1]))
             consistent, detail = self.loads.report(load, now=self.clock())
             self._version_checks.setdefault(load.version, []).append(consistent)
             for old in sorted(self._version_checks)[:-64]:

@@ -16,6 +16,7 @@ fewer than ``capacity`` fragments are leased or waiting to be trained on (back-p
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -36,6 +37,11 @@ class TaskSpec:
     episodes: int = 0
 
 
+def _unguessable(prefix: str) -> str:
+    """A task id: a readable prefix and a random part, so that nobody can push a task not leased to them."""
+    return f"{prefix}.{secrets.token_urlsafe(9)}"
+
+
 class AckResult(Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"  # already acknowledged; nothing added
@@ -50,6 +56,7 @@ class TaskBoard:
     _queue: deque[TaskSpec] = field(default_factory=deque)
     _leases: dict[str, tuple[TaskSpec, str]] = field(default_factory=dict)  # task_id -> (task, worker)
     _acked: set[str] = field(default_factory=set)
+    _acked_by: dict[str, str] = field(default_factory=dict)  # task_id -> the worker whose push was acked
     _open: dict[str, TaskSpec] = field(default_factory=dict)  # every task of the open epoch/stream
     _epoch: int = -1
     _epoch_fragments: int = 0
@@ -68,7 +75,11 @@ class TaskBoard:
         self._epoch_fragments = fragments
         for index in range(fragments):
             task = TaskSpec(
-                f"e{epoch}-f{index}", TaskKind.COLLECT, epoch, version, steps=self.fragment_length
+                _unguessable(f"e{epoch}-f{index}"),
+                TaskKind.COLLECT,
+                epoch,
+                version,
+                steps=self.fragment_length,
             )
             self._queue.append(task)
             self._open[task.task_id] = task
@@ -87,7 +98,11 @@ class TaskBoard:
     def add_evaluation(self, *, epoch: int, version: int, episodes: int) -> str:
         """Queue one evaluation task ahead of collection work."""
         task = TaskSpec(
-            f"eval-{epoch}-{next(self._ids)}", TaskKind.EVALUATE, epoch, version, episodes=episodes
+            _unguessable(f"eval-{epoch}-{next(self._ids)}"),
+            TaskKind.EVALUATE,
+            epoch,
+            version,
+            episodes=episodes,
         )
         self._queue.appendleft(task)
         self._open[task.task_id] = task
@@ -102,6 +117,7 @@ class TaskBoard:
         self._leases.clear()
         self._open.clear()
         self._acked.clear()
+        self._acked_by.clear()
         self._epoch_fragments = 0
         self._epoch_acked = 0
         self._stream = False
@@ -113,7 +129,11 @@ class TaskBoard:
         if not self._queue and self._stream and self._stream_in_flight() < self._stream_capacity:
             epoch = next(self._ids)
             task = TaskSpec(
-                f"s{epoch}", TaskKind.COLLECT, epoch, self._stream_min_version, steps=self.fragment_length
+                _unguessable(f"s{epoch}"),
+                TaskKind.COLLECT,
+                epoch,
+                self._stream_min_version,
+                steps=self.fragment_length,
             )
             self._open[task.task_id] = task
             self._queue.append(task)
@@ -123,7 +143,7 @@ class TaskBoard:
         self._leases[task.task_id] = (task, worker_id)
         return task
 
-    def ack(self, task_id: str) -> tuple[AckResult, TaskSpec | None]:
+    def ack(self, task_id: str, worker_id: str = "") -> tuple[AckResult, TaskSpec | None]:
         """Acknowledge a pushed task. The first push wins; the task leaves the queue and the leases."""
         if task_id in self._acked:
             return AckResult.DUPLICATE, self._open.get(task_id)
@@ -131,6 +151,7 @@ class TaskBoard:
         if task is None:
             return AckResult.UNKNOWN, None
         self._acked.add(task_id)
+        self._acked_by[task_id] = worker_id
         self._leases.pop(task_id, None)
         try:
             self._queue.remove(task)  # it had been requeued after its worker was presumed gone
@@ -153,6 +174,28 @@ class TaskBoard:
             else:
                 self._queue.appendleft(task)
         return [task.task_id for task in released]
+
+    def holder(self, task_id: str) -> str | None:
+        """The worker the task is leased to now (None: not leased, e.g. requeued or acknowledged)."""
+        lease = self._leases.get(task_id)
+        return None if lease is None else lease[1]
+
+    def acked_by(self, task_id: str) -> str | None:
+        """The worker whose push of the task was acknowledged (None: not acknowledged)."""
+        return self._acked_by.get(task_id) if task_id in self._acked else None
+
+    def is_open(self, task_id: str) -> bool:
+        return task_id in self._open
+
+    def task(self, task_id: str) -> TaskSpec:
+        """The open task ``task_id`` (KeyError when it is not open)."""
+        return self._open[task_id]
+
+    def requeue(self, task_id: str) -> None:
+        """Take a task back from its holder (it pushed something unusable): someone collects it again."""
+        lease = self._leases.pop(task_id, None)
+        if lease is not None:
+            self._queue.appendleft(lease[0])
 
     def consumed(self, count: int) -> None:
         """Async mode: the trainer took ``count`` acknowledged fragments (frees capacity)."""

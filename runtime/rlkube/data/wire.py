@@ -47,6 +47,14 @@ class WireError(ValueError):
     """A TensorDict that cannot be encoded, or a manifest/payload pair that does not fit together."""
 
 
+#: Limits of a manifest from the wire (checked by :func:`validate_manifest` before any tensor is
+#: built): leaves per batch, dimensions per leaf, characters per key, elements per leaf.
+MAX_LEAVES = 256
+MAX_DIMS = 8
+MAX_KEY_CHARS = 256
+MAX_ELEMENTS = 1 << 31
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """Where one leaf tensor lives in the payload."""
@@ -151,11 +159,55 @@ def encode(td: TensorDictBase) -> tuple[Manifest, bytearray]:
     return manifest, payload
 
 
+def validate_manifest(manifest: Manifest, payload_size: int) -> None:
+    """Refuse a manifest from the wire that cannot describe ``payload_size`` bytes; WireError names why.
+
+    Checked: the number of leaves, key names (length, printable, unique, no empty part), known
+    dtypes, dimensions (count, none negative), every leaf's shape starting with the batch size,
+    its byte count matching its shape and dtype, and its bytes lying inside the payload.
+    """
+    batch = manifest.batch_size
+    if len(batch) > MAX_DIMS or any(d < 0 for d in batch):
+        raise WireError(f"batch size {batch}: at most {MAX_DIMS} dimensions, none negative")
+    if len(manifest.tensors) > MAX_LEAVES:
+        raise WireError(f"{len(manifest.tensors)} tensors: at most {MAX_LEAVES} travel in one batch")
+    seen: set[str] = set()
+    for meta in manifest.tensors:
+        key = meta.key
+        if not key or len(key) > MAX_KEY_CHARS or not key.isprintable():
+            raise WireError(f"key {key[:64]!r}: 1 to {MAX_KEY_CHARS} printable characters")
+        if any(not part for part in key.split(KEY_SEPARATOR)) or key in seen:
+            raise WireError(f"key {key!r}: empty part or repeated")
+        seen.add(key)
+        dtype = _DTYPES.get(meta.dtype)
+        if dtype is None:
+            raise WireError(f"{key}: unknown dtype {meta.dtype[:32]!r}")
+        shape = meta.shape
+        if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
+            raise WireError(f"{key}: shape {shape}: at most {MAX_DIMS} dimensions, none negative")
+        if tuple(shape[: len(batch)]) != tuple(batch):
+            raise WireError(f"{key}: shape {shape} does not start with the batch size {batch}")
+        count = 1
+        for dim in shape:
+            count *= dim
+        if count > MAX_ELEMENTS:
+            raise WireError(f"{key}: {count} elements; at most {MAX_ELEMENTS}")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if count * itemsize != meta.nbytes or meta.offset < 0 or meta.offset + meta.nbytes > payload_size:
+            raise WireError(
+                f"{key}: shape {shape} of {meta.dtype} is {count * itemsize} bytes, "
+                f"manifest says {meta.nbytes} at offset {meta.offset} (payload {payload_size} bytes)"
+            )
+        if count and meta.offset % itemsize:
+            raise WireError(f"{key}: offset {meta.offset} is not aligned to its {itemsize}-byte items")
+
+
 def decode(manifest: Manifest, payload: bytes | bytearray | memoryview) -> TensorDict:
-    """Rebuild the TensorDict; its tensors view ``payload`` (zero copy)."""
+    """Rebuild the TensorDict; its tensors view ``payload`` (zero copy). See :func:`validate_manifest`."""
     size = memoryview(payload).nbytes
     if size < manifest.total_bytes:
         raise WireError(f"payload has {size} bytes, the manifest needs {manifest.total_bytes}")
+    validate_manifest(manifest, size)
     read_only = memoryview(payload).readonly
     td = TensorDict({}, batch_size=manifest.batch_size)
     for meta in manifest.tensors:

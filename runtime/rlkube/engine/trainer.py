@@ -26,6 +26,7 @@ from rlkube.coordinator.wire import batch_from_proto
 from rlkube.data.replay_buffer import ReplayBuffer
 from rlkube.data.rollout_buffer import EpochBatch
 from rlkube.engine.checkpoint import POLICY_FILE, CheckpointStore, TrainerProgress
+from rlkube.engine.failure import NON_FINITE_WEIGHTS, NonFiniteWeights, non_finite_parameter, write_failure
 from rlkube.engine.ranks import Command, Op, RankChannel
 from rlkube.engine.report import EpochRecord, RunObserver, RunSummary, notify
 from rlkube.engine.run_paths import RunPaths
@@ -197,6 +198,16 @@ class RankZeroEngine:
     def publish(self, version: int) -> None:
         """Commit ``version`` on every serving rank, then announce it from rank 0."""
         state = self.ctx.policy.get_trainable_parameters()
+        bad = non_finite_parameter(state)
+        if bad is not None:  # never publish NaN/Inf: every eval worker would act on it
+            epoch = self.coordinator.snapshot.epoch + (1 if version else 0)
+            message = (
+                f"{NON_FINITE_WEIGHTS}: after epoch {epoch} parameter {bad} holds NaN or Inf; "
+                f"version {version} was not published"
+            )
+            write_failure(self.ctx.paths.checkpoints, reason=NON_FINITE_WEIGHTS, message=message)
+            self.coordinator.finish(phase="Failed", message=message)
+            raise NonFiniteWeights(message)
         if self.ctx.sharded:
             self.ctx.channel.barrier()  # the other ranks committed their copies
         fingerprint = self.ctx.policy.get_param_fingerprint()

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from rlkube import contract
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.engine.checkpoint import CheckpointStore
@@ -28,6 +29,7 @@ from rlkube.failure import format_console
 from rlkube.jobfile import dump_job
 from rlkube.launch.local import CLUSTER_FILE, Layout, Outcome, Ports, Supervisor, supervise
 from rlkube.launch.results import fresh_run_dir, print_result, summary_from_json, write_failure_summary
+from rlkube.security.credential import Credential, new_token, write_token_file
 from rlkube.spec import RLJob
 
 SHM_ROOT = Path("/dev/shm")
@@ -54,8 +56,8 @@ def describe_status(status: pb.JobStatus) -> str:
 class StatusLine:
     """Polls GetStatus on every supervisor tick and shows it (live line, or a line per interval)."""
 
-    def __init__(self, address: str, *, live: bool, interval: float) -> None:
-        self.client = PolicyGroupClient(address)
+    def __init__(self, address: str, *, live: bool, interval: float, credential: Credential) -> None:
+        self.client = PolicyGroupClient(address, credential=credential)
         self.interval = interval
         self.console = Console()
         self.live = Live(Text("starting..."), console=self.console, refresh_per_second=4) if live else None
@@ -110,7 +112,9 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
         shm_root=SHM_ROOT / f"rlkube-{job.name}-{secrets.token_hex(4)}",
         nodes=nodes,
         ports=Ports.allocate(job.spec.trainer.replicas),
+        listen_host=getattr(args, "listen", None) or contract.LISTEN_LOOPBACK,
     )
+    write_token_file(layout.token_file, new_token())  # a fresh credential for every run
     supervisor = Supervisor(layout)
     print(
         f"{job.name}: {job.spec.trainer.replicas} train ranks, {job.spec.evaluator.replicas} eval workers on "
@@ -121,7 +125,10 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
     )
     live = not args.no_progress and Console().is_terminal
     with StatusLine(
-        f"127.0.0.1:{layout.ports.coordinator}", live=live, interval=job.spec.log.interval_seconds
+        f"127.0.0.1:{layout.ports.coordinator}",
+        live=live,
+        interval=job.spec.log.interval_seconds,
+        credential=Credential.from_file(layout.token_file),
     ) as view:
         outcome = supervise(supervisor, on_tick=view.tick)
     return report(outcome, paths, args.summary)

@@ -40,11 +40,13 @@ from rlkube import contract, run_policy
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
 from rlkube.engine.disk import EXIT_DISK_FAULT, MARK, DiskFault, check_writable, describe, is_disk_error
+from rlkube.engine.failure import read_failure
 from rlkube.engine.run_paths import RunPaths
 from rlkube.failure import Failure, failure_from_log
 from rlkube.health import HEALTH_PORT_ENV
 from rlkube.launch.processes import RestartBackOff, free_port, signal_group, spawn, tail
 from rlkube.run_policy import RestartLedger
+from rlkube.security.credential import new_token, write_token_file
 from rlkube.spec import RLJob
 
 CONTROL_FILE = "control.json"
@@ -86,10 +88,17 @@ class Layout:
     shm_root: Path
     nodes: int
     ports: Ports
+    #: Where the "pods" bind their servers: loopback unless ``rlkube run --listen`` says otherwise.
+    listen_host: str = contract.LISTEN_LOOPBACK
 
     @property
     def job_file(self) -> Path:
         return self.run_dir / "job.yaml"
+
+    @property
+    def token_file(self) -> Path:
+        """This run's credential (a fresh random token per run, readable by its owner only)."""
+        return self.run_dir / "credential" / contract.TOKEN_KEY
 
     def node_of(self, role: Role, index: int) -> int:
         # Train ranks share node 0 (the trainer's node); eval replicas are spread round-robin,
@@ -131,6 +140,8 @@ def pod_env(layout: Layout, role: Role, index: int, *, metrics_port: int = 0) ->
         "RLKUBE_JOB_CONFIG": str(layout.job_file),
         "RLKUBE_WEIGHT_PORT": str(layout.ports.weights[index if role is Role.TRAIN else 0]),
         "RLKUBE_METRICS_PORT": str(metrics_port),
+        "RLKUBE_TOKEN_FILE": str(layout.token_file),
+        "RLKUBE_LISTEN_HOST": layout.listen_host,
     }
     if role is Role.TRAIN:
         world = spec.trainer.replicas
@@ -228,6 +239,8 @@ class Supervisor:
         check_writable(RunPaths(self.layout.run_dir).checkpoints, what="checkpoint directory")
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         (self.layout.run_dir / "logs").mkdir(exist_ok=True)
+        if not self.layout.token_file.exists():  # rlkube run writes a fresh one before starting us
+            write_token_file(self.layout.token_file, new_token())
         sweep_stale_shm_roots(self.layout.shm_root.parent)
         for node in range(self.layout.nodes):
             self.layout.shm_dir(node).mkdir(parents=True, exist_ok=True)
@@ -309,6 +322,9 @@ class Supervisor:
             self._eval_retry_at[index] = now + EVAL_BACKOFF.delay(in_a_row)
         if self.complete_marker().exists():
             return Outcome(0)
+        recorded = read_failure(self.complete_marker().parent)
+        if recorded is not None:
+            return Outcome(1, f"the job failed: {recorded['message']}")
         deadline = self.layout.job.spec.run_policy.active_deadline_seconds
         if deadline is not None and run_policy.is_due(self.started_at, deadline, datetime.now(UTC)):
             return Outcome(1, run_policy.deadline_message(deadline))
@@ -341,6 +357,7 @@ class Supervisor:
         """What ``cluster.json`` says: where the coordinator is and which process is which pod."""
         return {
             "coordinator": f"127.0.0.1:{self.layout.ports.coordinator}",
+            "token_file": str(self.layout.token_file),
             "shm_root": str(self.layout.shm_root),
             "desired_evaluators": self.desired_evaluators,
             "train_restarts": self.train_restarts,

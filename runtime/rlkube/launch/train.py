@@ -40,6 +40,7 @@ from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.disk import check_writable
 from rlkube.engine.eval_engine import EvalEngine
+from rlkube.engine.failure import NonFiniteWeights, read_failure
 from rlkube.engine.loggers import backend_observers
 from rlkube.engine.pod_metrics import bind_coordinator
 from rlkube.engine.ranks import RankChannel
@@ -125,7 +126,7 @@ def open_publisher(job: RLJob, env: PodEnv, *, incarnation: str | None = None) -
         config = PublisherConfig.from_spec(
             job.spec.policy.weight_buffer,
             shm_dir=directory,
-            listen=f"0.0.0.0:{env.weight_port}",
+            listen=f"{env.listen_host}:{env.weight_port}",
             advertise=advertised(env),
             incarnation=incarnation,
         )
@@ -155,6 +156,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         CheckpointStore(paths.checkpoints).check_writable()
         paths.create()
         done = CheckpointStore(paths.checkpoints).completion()
+        failed = read_failure(paths.checkpoints)
         coordinator = Coordinator(job, world_size=env.world_size)
         if job.spec.engine is Engine.SYNC:  # acknowledged means durable (rlkube.coordinator.journal)
             journal_dir = paths.checkpoints / JOURNAL_DIR
@@ -163,7 +165,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             coordinator.journal = AckJournal(journal_dir, incarnation=coordinator.incarnation).open()
         bind_coordinator(coordinator)  # rank 0's /metrics reads it
         server = CoordinatorServer(
-            coordinator, address=f"0.0.0.0:{coordinator_port}", extra_handlers=[late, POD.handler()]
+            coordinator, address=f"{env.listen_host}:{coordinator_port}", extra_handlers=[late, POD.handler()]
         ).start()
         POD.ready()  # rank 0 is ready once its coordinator answers (eval workers wait on it)
         if done is not None:
@@ -177,6 +179,10 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
                 eval_return=done.get("eval_return"),
             )
             coordinator.finish(phase="Complete", message="already complete")
+            return _idle(stop, server)
+        if failed is not None:
+            logger.error("%s failed: %s; serving the failure", job.name, failed["message"])
+            coordinator.finish(phase="Failed", message=failed["message"])
             return _idle(stop, server)
     elif _job_finished(env, stop):
         return _idle(stop, None)
@@ -223,6 +229,9 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
     except Stopped:
         _stop_serving(server, publisher)
         return 143
+    except NonFiniteWeights as exc:
+        logger.error("%s", exc)  # the coordinator reports it; the job is over, not restarted
+        return _idle(stop, server, publisher)
     except BaseException:
         # A failed rank must exit now, so that its pod restarts: the open WeightStore streams and
         # long polls of the servers would otherwise hold the process for a minute at exit.

@@ -15,6 +15,8 @@ import grpc
 import numpy as np
 
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.security.credential import Credential, process_credential
+from rlkube.security.grpc_auth import open_channel
 from rlkube.weights.copies import checksum, copy_message_into_slot
 from rlkube.weights.errors import FetchError, IntegrityError
 from rlkube.weights.layout import WeightLayout
@@ -37,9 +39,16 @@ class WeightStoreClient:
     """One channel to one WeightStore (a train rank)."""
 
     def __init__(
-        self, address: str, *, rpc_timeout: float = 30.0, bytes_per_second_floor: float = 50e6
+        self,
+        address: str,
+        *,
+        rpc_timeout: float = 30.0,
+        bytes_per_second_floor: float = 50e6,
+        credential: Credential | None = None,
     ) -> None:
         self.address = address
+        #: Presented on every call (default: this process's, from the env contract).
+        self.credential = credential if credential is not None else process_credential()
         self.rpc_timeout = rpc_timeout
         # A fetch's deadline grows with its size: rpc_timeout + nbytes / floor.
         self.bytes_per_second_floor = bytes_per_second_floor
@@ -47,7 +56,7 @@ class WeightStoreClient:
 
     def connect(self) -> WeightStoreClient:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address, options=list(CHANNEL_OPTIONS))
+            self._channel = open_channel(self.address, self.credential, options=CHANNEL_OPTIONS)
             self._layout = self._channel.unary_unary(
                 LAYOUT_METHOD,
                 request_serializer=pb.GetLayoutRequest.SerializeToString,

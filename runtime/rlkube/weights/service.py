@@ -20,21 +20,22 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
+from rlkube.security.credential import Credential, process_credential
+from rlkube.security.grpc_auth import listen, make_server
 from rlkube.weights.copies import checksum, copy_slot_into_message
 from rlkube.weights.layout import WeightLayout
 from rlkube.weights.shm import PinnedSlot, ShmWriter
 from rlkube.weights.wire import (
     DEFAULT_CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
-    SERVER_OPTIONS,
     SERVICE,
+    WEIGHT_SERVER_OPTIONS,
     abort,
     chunk_framing,
 )
@@ -241,16 +242,17 @@ def weight_store_handler(board: VersionBoard) -> grpc.GenericRpcHandler:
 
 
 def serve_weight_store(
-    board: VersionBoard, address: str, *, max_workers: int = 32
+    board: VersionBoard, address: str, *, max_workers: int = 32, credential: Credential | None = None
 ) -> tuple[grpc.Server, int]:
-    """Start a gRPC server with only WeightStore on ``address`` ("host:port", port 0 picks one)."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="weight-store"),
-        options=list(SERVER_OPTIONS),
+    """Start a gRPC server with only WeightStore on ``address`` ("host:port", port 0 picks one).
+
+    Every call is checked against ``credential`` (default: this process's, from the env contract).
+    """
+    credential = credential if credential is not None else process_credential()
+    server = make_server(
+        credential, max_workers=max_workers, options=WEIGHT_SERVER_OPTIONS, thread_name_prefix="weight-store"
     )
     server.add_generic_rpc_handlers((weight_store_handler(board),))
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"cannot listen on {address}")
+    port = listen(server, address, credential)
     server.start()
     return server, port

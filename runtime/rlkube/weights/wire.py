@@ -36,6 +36,13 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+#: A WeightStore server only receives small requests (which version, which range): anything
+#: bigger than this is refused by gRPC (RESOURCE_EXHAUSTED) before it is parsed.
+MAX_WEIGHT_REQUEST_BYTES = 64 << 10
+WEIGHT_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_WEIGHT_REQUEST_BYTES),
+)
 
 SERVICE = "rlkube.v1.WeightStore"
 FETCH_METHOD = f"/{SERVICE}/FetchWeights"

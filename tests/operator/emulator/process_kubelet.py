@@ -387,6 +387,9 @@ class ProcessKubelet:
         config_maps = store.find("", "v1", "configmaps")
         assert config_maps is not None
         run.sandbox.write_config_maps(lambda name: store.get(config_maps, run.namespace, name))
+        secrets = store.find("", "v1", "secrets")
+        assert secrets is not None
+        run.sandbox.write_secrets(lambda name: store.get(secrets, run.namespace, name))
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": "127.0.0.1", "hostIP": "127.0.0.1"}}
         env = run.sandbox.rewrite_paths(run.container, pod_environment(pod, run.container))
         if run.job:

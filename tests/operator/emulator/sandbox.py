@@ -35,6 +35,7 @@ the whole group, which is what tini is there for), followed by ``args``. ``rlkub
 
 from __future__ import annotations
 
+import base64
 import shutil
 import sys
 from collections.abc import Mapping
@@ -81,6 +82,8 @@ class PodSandbox:
     volumes: dict[str, Path] = field(default_factory=dict)
     #: volume name -> ConfigMap name and items (written by :meth:`write_config_maps`)
     config_maps: dict[str, tuple[str, list[dict[str, str]] | None]] = field(default_factory=dict)
+    #: volume name -> Secret name and items (written by :meth:`write_secrets`)
+    secrets: dict[str, tuple[str, list[dict[str, str]] | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         meta = self.pod["metadata"]
@@ -117,6 +120,10 @@ class PodSandbox:
             source = volume["configMap"]
             self.config_maps[name] = (source["name"], source.get("items"))
             return self.disk_dir / "volumes" / name
+        if "secret" in volume:
+            source = volume["secret"]
+            self.secrets[name] = (source["secretName"], source.get("items"))
+            return self.disk_dir / "volumes" / name
         if "persistentVolumeClaim" in volume:
             namespace = self.pod["metadata"].get("namespace", "")
             return self.claims_root / namespace / volume["persistentVolumeClaim"]["claimName"]
@@ -144,6 +151,23 @@ class PodSandbox:
                 target = self.volumes[volume] / item["path"]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(data[item["key"]])
+
+    def write_secrets(self, lookup: Any) -> None:
+        """Write each secret volume (``data`` is base64, ``stringData`` plain); ``lookup(name)`` -> Secret."""
+        for volume, (name, items) in self.secrets.items():
+            secret = lookup(name)
+            if secret is None:
+                raise SandboxError(f'secret "{name}" not found (volume {volume})')
+            data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+            data |= {k: str(v).encode() for k, v in (secret.get("stringData") or {}).items()}
+            chosen = items if items is not None else [{"key": k, "path": k} for k in data]
+            for item in chosen:
+                if item["key"] not in data:
+                    raise SandboxError(f'secret "{name}" has no key {item["key"]!r} (volume {volume})')
+                target = self.volumes[volume] / item["path"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data[item["key"]])
+                target.chmod(0o440)
 
     def remove(self) -> None:
         """Remove what lives and dies with the pod (its emptyDirs and own files)."""

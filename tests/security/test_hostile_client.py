@@ -1,0 +1,300 @@
+"""A hostile client against a live coordinator: every bad call gets its own answer, and the run is unharmed.
+
+Each test drives the real gRPC server on loopback as an attacker would (with no credential, a
+wrong one, or the job's own but acting as someone else), asserts the exact status code, and
+where it matters that an honest worker's run still ends with every fragment counted once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+import torch
+from rlkube._proto import policy_group_pb2 as pb
+from rlkube.coordinator.client import CoordinatorError
+from rlkube.coordinator.edge import MAX_REQUEST_BYTES
+from rlkube.security.credential import Credential, new_token
+
+from tests.security.live import (
+    NUM_ENVS,
+    STEPS,
+    LiveJob,
+    code_of,
+    push_message,
+    register,
+    trajectories,
+)
+
+
+def open_epoch_and_lease(live: LiveJob, pod: str = "cartpole-eval-0") -> tuple[str, pb.Task]:
+    live.coordinator.open_epoch(epoch=1, version=0)
+    with live.client() as client:
+        worker_id = register(client, pod)
+        task = client.lease(worker_id, wait_seconds=1.0)
+    assert task.kind == pb.Task.COLLECT
+    return worker_id, task
+
+
+# Credentials ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "credential", [Credential.open(), Credential.of_token(new_token())], ids=["missing", "wrong"]
+)
+def test_a_call_without_the_jobs_credential_is_unauthenticated_whatever_it_asks(
+    live: LiveJob, credential: Credential
+) -> None:
+    with live.client(credential) as intruder:
+        calls = {
+            "GetStatus": lambda: intruder.status(),
+            "Register": lambda: register(intruder, "cartpole-eval-0"),
+            "PullShard": lambda: intruder.pull_shard(serial=0, rank=0, world_size=1, wait_seconds=0),
+            "Deregister": lambda: intruder.deregister("cartpole-eval-0#1", "bye"),
+        }
+        codes = {name: code_of(call) for name, call in calls.items()}
+    assert codes == {name: grpc.StatusCode.UNAUTHENTICATED for name in calls}
+    assert len(live.coordinator.members) == 0
+
+
+def test_an_unauthenticated_oversized_push_is_refused_unparsed(live: LiveJob) -> None:
+    worker_id, task = open_epoch_and_lease(live)
+    message = push_message(task, worker_id)
+    message.batch.payload = b"\0" * (8 << 20)  # would be malformed too: never looked at
+    with live.client(Credential.open()) as intruder:
+        assert code_of(lambda: intruder.push(message, retry_for=0)) == grpc.StatusCode.UNAUTHENTICATED
+    assert live.coordinator.progress.fragments == 0
+
+
+# Leases -----------------------------------------------------------------------------------------
+
+
+def test_a_push_from_a_client_that_never_registered_is_permission_denied(live: LiveJob) -> None:
+    worker_id, task = open_epoch_and_lease(live)
+    with live.client() as client:
+        forged = push_message(task, "cartpole-eval-0#1")  # the public name, not the secret id
+        assert code_of(lambda: client.push(forged, retry_for=0)) == grpc.StatusCode.PERMISSION_DENIED
+        # The lease holder's own push is still the first, and accepted.
+        ack = client.push(push_message(task, worker_id), retry_for=0)
+    assert ack.accepted
+    assert not ack.duplicate
+
+
+def test_a_push_for_someone_elses_lease_is_permission_denied(live: LiveJob) -> None:
+    holder, task = open_epoch_and_lease(live)
+    with live.client() as client:
+        other = register(client, "cartpole-eval-1")
+        stolen = push_message(task, other)
+        assert code_of(lambda: client.push(stolen, retry_for=0)) == grpc.StatusCode.PERMISSION_DENIED
+        assert client.push(push_message(task, holder), retry_for=0).accepted
+        # Nor may another worker push it again once it is in.
+        assert code_of(lambda: client.push(stolen, retry_for=0)) == grpc.StatusCode.PERMISSION_DENIED
+        # The holder's retry is a duplicate, counted nowhere.
+        assert client.push(push_message(task, holder), retry_for=0).duplicate
+    assert live.coordinator.progress.fragments == 1
+
+
+def test_task_and_worker_ids_cannot_be_guessed_from_what_others_see(live: LiveJob) -> None:
+    worker_id, task = open_epoch_and_lease(live)
+    with live.client() as client:
+        status = client.status()
+    assert [w.worker_id for w in status.workers] == ["cartpole-eval-0#1"]
+    assert worker_id.startswith("cartpole-eval-0#1.")
+    assert len(worker_id.rsplit(".", 1)[1]) >= 16
+    assert task.task_id.startswith("e1-f")
+    assert len(task.task_id.rsplit(".", 1)[1]) >= 12
+
+
+def test_a_forged_load_report_is_refused_and_a_members_report_counts_once_per_version(
+    live: LiveJob,
+) -> None:
+    with live.client() as client:
+        worker_id = register(client, "cartpole-eval-0")
+        incarnation = live.coordinator.incarnation
+        forged = pb.ReportLoadedRequest(worker_id="cartpole-eval-0#1", incarnation=incarnation, version=1)
+        assert code_of(lambda: client.report_loaded(forged)) == grpc.StatusCode.NOT_FOUND
+        own = pb.ReportLoadedRequest(worker_id=worker_id, incarnation=incarnation, version=1)
+        assert client.report_loaded(own).consistent
+        assert code_of(lambda: client.report_loaded(own)) == grpc.StatusCode.PERMISSION_DENIED
+        nan = pb.ReportLoadedRequest(
+            worker_id=worker_id, incarnation=incarnation, version=2, fingerprint={"w": math.nan}
+        )
+        assert code_of(lambda: client.report_loaded(nan)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert live.coordinator.version_consistency(1) is True
+
+
+# Malformed fragments ----------------------------------------------------------------------------
+
+
+def _wrong_keys():  # type: ignore[no-untyped-def]
+    data = trajectories()
+    return data.select("observation", "action").set("junk", torch.zeros(NUM_ENVS, STEPS))
+
+
+def _nan_rewards():  # type: ignore[no-untyped-def]
+    data = trajectories()
+    data["reward"][0, 1] = math.nan
+    return data
+
+
+def _inf_observation():  # type: ignore[no-untyped-def]
+    data = trajectories()
+    data["observation"][1, 0, 2] = math.inf
+    return data
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (_wrong_keys, "missing"),
+        (_nan_rewards, "reward holds 1 non-finite"),
+        (_inf_observation, "observation holds 1 non-finite"),
+        (lambda: trajectories(num_envs=NUM_ENVS + 1), "the task asks for"),
+        (lambda: trajectories(steps=STEPS + 3), "the task asks for"),
+    ],
+    ids=["wrong-keys", "nan-reward", "inf-observation", "too-many-envs", "too-many-steps"],
+)
+def test_a_fragment_the_trainer_cannot_use_is_invalid_argument_with_the_reason(
+    live: LiveJob, make, reason: str
+) -> None:  # type: ignore[no-untyped-def]
+    worker_id, task = open_epoch_and_lease(live)
+    with live.client() as client:
+        bad = push_message(task, worker_id, make())
+        with pytest.raises(CoordinatorError) as refused:
+            client.push(bad, retry_for=0)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason in str(refused.value)
+        # The task went back to the queue: someone (here the same worker) collects it again.
+        again = client.lease(worker_id, wait_seconds=1.0)
+        assert again.task_id == task.task_id
+        assert client.push(push_message(again, worker_id), retry_for=0).accepted
+    assert live.coordinator.progress.fragments == 1
+
+
+def test_a_fragment_whose_leaves_differ_from_the_first_accepted_one_is_invalid(live: LiveJob) -> None:
+    live.coordinator.open_epoch(epoch=1, version=0)
+    with live.client() as client:
+        worker_id = register(client, "cartpole-eval-0")
+        first = client.lease(worker_id, wait_seconds=1.0)
+        second = client.lease(worker_id, wait_seconds=1.0)
+        assert client.push(push_message(first, worker_id), retry_for=0).accepted
+        wider = push_message(second, worker_id, trajectories(obs=5))
+        code = code_of(lambda: client.push(wider, retry_for=0))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert live.coordinator.schema is not None
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda m: m.batch.tensors[0].shape.__setitem__(0, -2),  # negative dimension
+        lambda m: m.batch.tensors[0].shape.__setitem__(2, 7),  # shape that does not fit its bytes
+        lambda m: m.batch.tensors[0].shape.__setitem__(0, NUM_ENVS + 1),  # not the batch size
+        lambda m: setattr(m.batch.tensors[0], "dtype", "float128"),  # no such dtype
+        lambda m: setattr(m.batch.tensors[0], "nbytes", 1 << 62),  # bytes past the payload
+        lambda m: m.batch.batch_size.__setitem__(1, -1),  # negative batch size
+    ],
+    ids=[
+        "negative-dim",
+        "shape-vs-bytes",
+        "shape-vs-batch",
+        "unknown-dtype",
+        "past-payload",
+        "negative-batch",
+    ],
+)
+def test_a_malformed_manifest_is_invalid_argument_never_unknown(live: LiveJob, tamper) -> None:  # type: ignore[no-untyped-def]
+    worker_id, task = open_epoch_and_lease(live)
+    message = push_message(task, worker_id)
+    tamper(message)
+    with live.client() as client:
+        assert code_of(lambda: client.push(message, retry_for=0)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert live.coordinator.progress.fragments == 0
+
+
+def test_oversize_strings_are_invalid_and_oversize_messages_exhausted(live: LiveJob) -> None:
+    with live.client() as client:
+        huge_name = pb.RegisterRequest(role="eval", pod_name="p" * 100_000, num_envs=NUM_ENVS)
+        assert code_of(lambda: client.register(huge_name, retry_for=0)) == grpc.StatusCode.INVALID_ARGUMENT
+        worker_id = register(client, "cartpole-eval-0")
+        long_reason = pb.DeregisterRequest(worker_id=worker_id, reason="r" * 10_000)
+        assert (
+            code_of(lambda: client.stub.Deregister(long_reason, timeout=5))
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )
+        huge = pb.Fragment(
+            task_id="t", worker_id=worker_id, batch=pb.TensorBatch(payload=b"\0" * MAX_REQUEST_BYTES)
+        )
+        assert (
+            code_of(lambda: client.stub.PushFragment(huge, timeout=30)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        )
+    assert [w.pod_name for w in live.coordinator.members.workers()] == ["cartpole-eval-0"]
+
+
+# Floods -----------------------------------------------------------------------------------------
+
+
+def test_a_registration_flood_is_cut_to_the_burst_and_rate(live: LiveJob) -> None:
+    codes = []
+    with live.client() as client:
+        for i in range(300):
+            request = pb.RegisterRequest(role="eval", pod_name=f"flood-{i}", num_envs=1)
+            codes.append(code_of(lambda r=request: client.stub.Register(r, timeout=5)))
+    admitted = codes.count(None)
+    gate = live.coordinator.registrations
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 300 - admitted
+    assert gate.burst <= admitted < 300
+    assert len(live.coordinator.members) == admitted
+
+
+def test_members_past_the_limit_are_exhausted_but_a_restarted_pod_still_gets_back_in() -> None:
+    from tests.security.live import live_job
+
+    for live in live_job(max_members=2):
+        with live.client() as client:
+            register(client, "cartpole-eval-0")
+            register(client, "cartpole-eval-1")
+            third = pb.RegisterRequest(role="eval", pod_name="cartpole-eval-2", num_envs=NUM_ENVS)
+            assert (
+                code_of(lambda r=third: client.stub.Register(r, timeout=5))
+                == grpc.StatusCode.RESOURCE_EXHAUSTED
+            )
+            register(client, "cartpole-eval-1")  # the same pod again replaces itself
+        assert len(live.coordinator.members) == 2
+
+
+# The whole run ----------------------------------------------------------------------------------
+
+
+def test_a_run_under_attack_still_finishes_with_every_fragment_counted_once(live: LiveJob) -> None:
+    epochs = 3
+    per_epoch = live.coordinator.fragments_per_epoch
+    engine = live.run_engine(epochs)
+    with live.client() as insider, live.client(Credential.of_token("nope")) as outsider:
+        intruder_id = register(insider, "intruder")
+        worker, acked = live.honest_worker()
+        attacks = 0
+        while engine.is_alive():
+            for task_id, holder in live.coordinator.board.leased().items():
+                task = pb.Task(kind=pb.Task.COLLECT, task_id=task_id, epoch=1)
+                for client, worker_id in ((insider, intruder_id), (outsider, holder)):
+                    message = push_message(task, worker_id)
+                    answer: grpc.StatusCode | pb.PushAck
+                    try:
+                        answer = client.push(message, retry_for=0)
+                    except CoordinatorError as exc:
+                        answer = exc.code or grpc.StatusCode.UNKNOWN
+                    if isinstance(answer, pb.PushAck):  # the lease ended and its epoch closed meanwhile
+                        assert not answer.accepted, answer  # a stale task: not open, nothing added
+                    else:
+                        assert answer in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+                    attacks += 1
+            engine.join(0.01)
+        worker.join(10)
+    status = live.coordinator.snapshot
+    assert status.phase == "Complete", status.message
+    assert [len(batch) for batch in live.batches] == [per_epoch] * epochs
+    assert sorted(t for batch in live.batches for t in batch) == sorted(acked)
+    assert live.coordinator.progress.fragments == per_epoch * epochs
+    assert attacks > 0
