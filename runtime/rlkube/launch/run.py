@@ -24,10 +24,9 @@ from pathlib import Path
 from rlkube.engine.in_process import EngineError, InProcessEngine
 from rlkube.engine.report import LearningCurve, RunObserver, RunSummary, SummaryFiles, TensorBoardLog
 from rlkube.engine.run_paths import RunPaths
-from rlkube.envs.group import EnvError, check_env_id
 from rlkube.jobfile import dump_job, load_job
 from rlkube.launch.progress import LiveProgress, PlainProgress
-from rlkube.policy.base import BasePolicy, PolicyRole
+from rlkube.policy.base import BasePolicy
 from rlkube.policy.registry import POLICIES, import_modules
 from rlkube.spec import RLJob, SpecError
 
@@ -64,21 +63,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"rlkube: {exc}", file=sys.stderr)
         return EXIT_INVALID
     _configure_logging(job.spec.log.level.value)
-    try:
-        policy_cls = resolve_policy(job)
-        check_env_id(job.spec.env.id, job.spec.env.imports)
-        # Constructing a policy validates its own settings (e.g. PPO's algoCfg) without building networks.
-        policy_cls(job.spec.policy, PolicyRole.TRAIN)
-    except SpecError as exc:
-        print(
-            f"rlkube: invalid job {args.job}:\n" + "\n".join(f"  - {p}" for p in exc.problems),
-            file=sys.stderr,
-        )
+    from rlkube.launch.preflight import preflight
+
+    checks = preflight(job, check_checkpoint=True)
+    if checks.refusal is not None:
+        problems = "\n".join(f"  - {p}" for p in checks.refusal.problems)
+        print(f"rlkube: invalid job {args.job}:\n{problems}", file=sys.stderr)
         return EXIT_INVALID
-    except (ImportError, KeyError, EnvError, ValueError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"rlkube: invalid job {args.job}:\n  - {message}", file=sys.stderr)
-        return EXIT_INVALID
+    policy_cls = checks.policy_cls
+    assert policy_cls is not None
     return _runner(args)(job, policy_cls, args)
 
 

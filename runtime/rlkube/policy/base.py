@@ -29,7 +29,7 @@ import time
 from abc import ABC, abstractmethod
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rlkube.envs.types import EnvRet, PolicyResponse
 from rlkube.policy.gates import AdmissionGate, IdleGate
+from rlkube.spec import BufferType
 
 if TYPE_CHECKING:
     from rlkube.policy.weight_source import StagedWeights, WeightSource
@@ -77,6 +78,10 @@ def set_nested_attr(obj: Any, path: str, value: Any) -> None:
 
 class BasePolicy(nn.Module, ABC):
     """Abstract base of every policy; see the module docstring for the life cycle."""
+
+    #: The ``spec.buffer.type`` values this policy can learn from; a job asking for another one is
+    #: refused before it starts (``rlkube validate``, ``rlkube run`` and the pods check it).
+    supported_buffers: ClassVar[frozenset[BufferType]] = frozenset(BufferType)
 
     def __init__(self, config: PolicySpec, role_type: PolicyRole | str) -> None:
         super().__init__()
