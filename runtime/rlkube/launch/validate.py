@@ -32,9 +32,8 @@ def validate(args: argparse.Namespace) -> int:
     if not getattr(args, "schema_only", False):
         from rlkube.launch.preflight import checkpoint_file, preflight
 
-        local_checkpoint = (
-            bool(job.spec.checkpoint.path) and checkpoint_file(job.spec.checkpoint.path).exists()
-        )
+        path = job.spec.checkpoint.path
+        local_checkpoint = path is not None and checkpoint_file(path).exists()
         checks = preflight(job, check_checkpoint=local_checkpoint)
         if checks.refusal is not None:
             problems = "\n".join(f"  - {p}" for p in checks.refusal.problems)
