@@ -215,11 +215,14 @@ class Reconciler:
 
     def _announce_restart(self, job: RLJob, old: Mapping[str, Any], *, now: datetime) -> Outcome:
         """If the change replaces running train pods: the Restarting/SpecChanged status and an event."""
+        # kopf's ``old`` is an essence (spec, labels, annotations): the rest is the job's own.
+        current = job.model_dump(mode="json", by_alias=True, exclude_none=True)
         try:
-            before = parse_job(_plain(old), source="the previous RLJob")
+            before = parse_job({**current, "spec": _plain(old).get("spec", {})}, source="the previous RLJob")
         except SpecError:
             return Outcome()
-        if previous_status(job.status, generation=_generation(_plain(old))).phase.is_terminal():
+        generation = _generation({"metadata": job.metadata.model_extra or {}})
+        if previous_status(job.status, generation=generation).phase.is_terminal():
             return Outcome()
         old_template = render_train_statefulset(before, self.settings.render)["spec"]["template"]
         new_template = render_train_statefulset(job, self.settings.render)["spec"]["template"]
@@ -232,7 +235,6 @@ class Reconciler:
         new_spec = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
         fields = [f for f in changed_fields(old_spec, new_spec, prefix="spec") if f not in NOT_RESTARTING]
         fields = fields or ["the operator's settings"]
-        generation = _generation({"metadata": job.metadata.model_extra or {}})
         derived = spec_change_status(job.status, fields, generation=generation, now=now)
         outcome = Outcome(phase=derived.phase)
         if status_changed(job.status, derived.status):
