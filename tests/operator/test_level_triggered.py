@@ -7,6 +7,7 @@ finalizer, so it is deleted even while the operator is down; a TTL deletes on ti
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.operator.conftest import Kubectl, job_document
+from tests.operator.emulator.store import WatchEvent
 from tests.operator.harness import FakeCoordinators, OperatorProcess, wait_for
 
 #: What the issue asks of a deleted child: back within this many seconds.
@@ -138,11 +140,24 @@ def test_a_ttl_of_five_seconds_deletes_the_job_within_seven(
     assert not late, f"deleted more than 7 s after Complete: {late}"
 
 
+def record_statuses(k: Kubectl, name: str) -> list[dict[str, Any]]:
+    """From now on, every status of RLJob ``name`` as the API server stored it."""
+    seen: list[dict[str, Any]] = []
+
+    def listen(rtype: Any, event: WatchEvent) -> None:
+        if rtype.kind == "RLJob" and event.obj["metadata"]["name"] == name:
+            seen.append(copy.deepcopy(event.obj.get("status") or {}))
+
+    k.cluster.call(lambda: k.cluster.store_call().listeners.append(listen))
+    return seen
+
+
 def test_a_spec_change_that_restarts_training_says_which_fields(
     k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
 ) -> None:
     document = job_document("edited", trainer={"replicas": 2})
     running(k, coordinators, "edited", trainer={"replicas": 2})
+    statuses = record_statuses(k, "edited")
     document["spec"]["train"] = {"maxEpochs": 77}
     document["spec"]["trainer"] = {"replicas": 3}
 
@@ -154,12 +169,17 @@ def test_a_spec_change_that_restarts_training_says_which_fields(
     assert "spec.train.maxEpochs" in said[0]["message"]
     assert "spec.trainer.replicas" in said[0]["message"]
     assert said[0]["type"] == "Warning"
-    restarting = [
-        e
-        for e in events(k, "edited")
-        if e["reason"] == "SpecChanged" and "spec.train.maxEpochs" in e["message"]
-    ]
-    assert restarting, "the Restarting condition turned True with reason SpecChanged"
+    restarting = wait_for(
+        lambda: [
+            c
+            for status in list(statuses)
+            for c in status.get("conditions", [])
+            if c["type"] == "Restarting" and c["status"] == "True" and c["reason"] == "SpecChanged"
+        ],
+        what="the Restarting condition True with reason SpecChanged",
+    )
+    assert "spec.train.maxEpochs" in restarting[0]["message"]
+    wait_for(lambda: (k.get("rlj", "edited") or {}).get("status", {}).get("phase") == "Running")
 
 
 def test_scaling_the_eval_replicas_announces_no_training_restart(
