@@ -1,9 +1,11 @@
 """What can be refused before a job runs, without a cluster: each refusal with its failure reason.
 
 I/O only in what it imports (the job's modules, gymnasium's registry) and, for the checkpoint,
-one ``stat``. ``rlkube validate``, ``rlkube run`` and every pod (``rlkube pod``) call
-:func:`preflight`, so a job is refused for the same reasons, with the same words, everywhere;
-the pod writes the first refusal as its termination message (:mod:`rlkube.launch.termination`).
+one ``stat``. It imports torch (through the policy) and gymnasium, and nothing heavier, so a pod
+refuses a bad job as soon as those are loaded. ``rlkube validate``, ``rlkube run`` and every pod
+(``rlkube pod``) call :func:`preflight`, so a job is refused for the same reasons, with the same
+words, everywhere; the pod writes the first refusal as its termination message
+(:mod:`rlkube.launch.termination`).
 
 Checks, in order (a later one needs the earlier ones to pass):
 
@@ -22,13 +24,15 @@ checkpoint (if asked)      ``spec.checkpoint.path`` is a file or a checkpoint di
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkube.contract import FailureReason
-from rlkube.engine.checkpoint import POLICY_FILE
 from rlkube.envs.group import EnvError, check_env_id
 from rlkube.policy.base import BasePolicy, PolicyRole
+from rlkube.policy.registry import POLICIES, import_modules
 from rlkube.spec import Engine, RLJob, SpecError
 
 
@@ -56,9 +60,33 @@ class Preflight:
         return self.refusal is None
 
 
+def resolve_policy(job: RLJob) -> type[BasePolicy]:
+    """Import ``spec.imports`` and ``spec.policy.module`` (their registrations run), then look up the type.
+
+    The current directory is importable, as with ``python -m``, so ``policy.module:
+    examples.custom_policy`` works from a checkout. Raises ImportError or KeyError naming the field.
+    """
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    modules = [*job.spec.imports, *([job.spec.policy.module] if job.spec.policy.module else [])]
+    import_modules(modules)
+    try:
+        cls = POLICIES.get(job.spec.policy.type)
+    except KeyError as exc:
+        raise KeyError(f"spec.policy.type: {exc.args[0]}") from None
+    if not (isinstance(cls, type) and issubclass(cls, BasePolicy)):
+        raise KeyError(f"spec.policy.type: {job.spec.policy.type!r} is registered but is not a BasePolicy")
+    return cls
+
+
 def checkpoint_needed(job: RLJob) -> bool:
     """Whether the job cannot start without ``spec.checkpoint.path`` (the eval engine evaluates it)."""
     return job.spec.engine is Engine.EVAL
+
+
+#: The policy file inside a checkpoint directory (rlkube.engine.checkpoint.POLICY_FILE; a test keeps
+#: the two equal, since importing the engine here would slow every pod's start-up refusal).
+POLICY_FILE = "policy.pt"
 
 
 def checkpoint_file(path: str) -> Path:
@@ -69,8 +97,6 @@ def checkpoint_file(path: str) -> Path:
 
 def preflight(job: RLJob, *, check_checkpoint: bool = False) -> Preflight:
     """Run the checks of the module docstring; stop at the first refusal."""
-    from rlkube.launch.run import resolve_policy  # run imports this module: resolve lazily
-
     result = Preflight()
     spec = job.spec
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -25,9 +24,10 @@ from rlkube.engine.in_process import EngineError, InProcessEngine
 from rlkube.engine.report import LearningCurve, RunObserver, RunSummary, SummaryFiles, TensorBoardLog
 from rlkube.engine.run_paths import RunPaths
 from rlkube.jobfile import dump_job, load_job
+from rlkube.launch.preflight import preflight
+from rlkube.launch.preflight import resolve_policy as resolve_policy  # re-exported: its old home
 from rlkube.launch.progress import LiveProgress, PlainProgress
 from rlkube.policy.base import BasePolicy
-from rlkube.policy.registry import POLICIES, import_modules
 from rlkube.spec import RLJob, SpecError
 
 logger = logging.getLogger("rlkube")
@@ -37,25 +37,6 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 
-def resolve_policy(job: RLJob) -> type[BasePolicy]:
-    """Import ``spec.imports`` and ``spec.policy.module`` (their registrations run), then look up the type.
-
-    The current directory is importable, as with ``python -m``, so ``policy.module:
-    examples.custom_policy`` works from a checkout. Raises ImportError or KeyError naming the field.
-    """
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    modules = [*job.spec.imports, *([job.spec.policy.module] if job.spec.policy.module else [])]
-    import_modules(modules)
-    try:
-        cls = POLICIES.get(job.spec.policy.type)
-    except KeyError as exc:
-        raise KeyError(f"spec.policy.type: {exc.args[0]}") from None
-    if not (isinstance(cls, type) and issubclass(cls, BasePolicy)):
-        raise KeyError(f"spec.policy.type: {job.spec.policy.type!r} is registered but is not a BasePolicy")
-    return cls
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         job = load_job(args.job, args.overrides)
@@ -63,8 +44,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"rlkube: {exc}", file=sys.stderr)
         return EXIT_INVALID
     _configure_logging(job.spec.log.level.value)
-    from rlkube.launch.preflight import preflight
-
     checks = preflight(job, check_checkpoint=True)
     if checks.refusal is not None:
         problems = "\n".join(f"  - {p}" for p in checks.refusal.problems)
