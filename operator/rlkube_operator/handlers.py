@@ -131,13 +131,15 @@ def on_update(
 
 
 @kopf.on.event(*RESOURCE)
-def on_job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Every RLJob change, for the status refresher (which replaces a kopf timer: no finalizer)."""
+async def on_job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Every RLJob change, for the status refresher (which replaces a kopf timer: no finalizer).
+
+    Async, so it runs on the loop the refresher runs on (a sync handler would run in a thread)."""
     memo.refresher.seen(str(event.get("type") or "ADDED"), body)
 
 
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
-def on_pod_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def on_pod_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A pod of a job changed (started, restarted, stopped with a message): refresh the job soon."""
     labels = body.metadata.labels or {}
     memo.refresher.poke(str(body.metadata.namespace), str(labels.get(c.LABEL_JOB)))

@@ -60,6 +60,8 @@ class Refresher:
     _running: set[str] = field(default_factory=set)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _last_error: dict[str, str] = field(default_factory=dict)
+    #: When each job's last refresh began (wall clock): a decision due before it was taken then.
+    _refreshed_at: dict[str, datetime] = field(default_factory=dict)
 
     # Feeding --------------------------------------------------------------------------------------
 
@@ -86,6 +88,7 @@ class Refresher:
         self.jobs.pop(key, None)
         self.due.pop(key, None)
         self._last_error.pop(key, None)
+        self._refreshed_at.pop(key, None)
         self.reconciler.finished.discard(key)
 
     def poke(self, namespace: str, name: str, *, delay: float = POD_DEBOUNCE) -> None:
@@ -126,8 +129,9 @@ class Refresher:
         except SpecError:
             return None
         due = next_decision(job)
-        if due is None:
-            return None
+        last = self._refreshed_at.get(key)
+        if due is None or (last is not None and due < last):
+            return None  # nothing due, or it was due at the last refresh (which acted on it)
         return max(0.0, (due - datetime.now(UTC)).total_seconds() + DUE_MARGIN)
 
     # Running --------------------------------------------------------------------------------------
@@ -156,6 +160,7 @@ class Refresher:
             body = self.jobs.get(key)
             if body is None:
                 return
+            self._refreshed_at[key] = datetime.now(UTC)
             loop = asyncio.get_running_loop()
             stored, gone = await loop.run_in_executor(None, self._refresh_blocking, key, body)
             if gone:
