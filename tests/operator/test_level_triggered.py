@@ -190,3 +190,17 @@ def test_scaling_the_eval_replicas_announces_no_training_restart(
     wait_for(lambda: (k.get("statefulset", "scaledonly-eval") or {}).get("spec", {}).get("replicas") == 3)
     wait_for(lambda: [e for e in events(k, "scaledonly") if e["reason"] == "Scaled"], what="the Scaled event")
     assert not [e for e in events(k, "scaledonly") if e["reason"] in ("TrainingRestarts", "SpecChanged")]
+
+
+def test_the_finalizer_an_older_operator_added_is_removed(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+) -> None:
+    document = job_document("inherited")
+    document["metadata"]["finalizers"] = ["rlkube.io/finalizer"]
+    coordinators.report(k.namespace, "inherited", phase="Running", epoch=1, max_epochs=50)
+    k.apply(document)
+    wait_for(
+        lambda: (j := k.get("rlj", "inherited")) is not None and not j["metadata"].get("finalizers"),
+        what="the finalizer removed",
+    )
+    k("delete", "rlj", "inherited", "--timeout=20s")
