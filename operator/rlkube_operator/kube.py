@@ -7,12 +7,18 @@ Every call here has a matching rule in :mod:`rlkube_operator.rbac`:
 * ``get``     GET one object (StatefulSets, to read their status and spec hash)
 * ``list``    GET a collection with a label selector (the train pods, for restart counts)
 * ``delete``  DELETE (an RLJob whose ttlSecondsAfterFinished ran out; its children go by GC)
+* ``patch_status``  PATCH application/merge-patch+json on ``rljobs/status`` (the status refresher)
+* ``post_event``    POST a core/v1 Event about a job (the refresher and the child watches)
+
+kopf itself lists and watches RLJobs, the job's StatefulSets, Services, ConfigMaps and pods.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -26,7 +32,11 @@ PLURALS: dict[str, str] = {
     "NetworkPolicy": "networkpolicies",
     "Secret": "secrets",
     "RLJob": "rljobs",
+    "Event": "events",
 }
+
+#: ``source.component`` of the events the operator posts itself.
+EVENT_COMPONENT = "rlkube-operator"
 
 
 class ApiError(Exception):
@@ -131,3 +141,46 @@ class Kube:
                 return False
             raise
         return True
+
+    def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource; the answer is the object as stored."""
+        path = object_path(api_version, kind, namespace, name) + "/status"
+        return self._call(
+            "PATCH", path, body={"status": dict(patch)}, content_type="application/merge-patch+json"
+        )
+
+    def post_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        type: str,
+        reason: str,
+        message: str,
+        now: datetime | None = None,
+    ) -> None:
+        """A core/v1 Event about ``involved`` (an object body), as ``kubectl describe`` shows it."""
+        meta = involved.get("metadata") or {}
+        stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'rljob')}.", "namespace": meta.get("namespace")},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._call("POST", object_path("v1", "Event", str(meta.get("namespace"))), body=event)

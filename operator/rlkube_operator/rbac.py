@@ -40,14 +40,14 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
     Rule(
         ("apps",),
         ("statefulsets",),
-        ("get", "create", "patch"),
-        "train and eval StatefulSets: read status, server-side apply (create when missing)",
+        ("get", "list", "watch", "create", "patch"),
+        "train and eval StatefulSets: read status, watch for deletion or drift, server-side apply",
     ),
     Rule(
         ("",),
         ("services", "configmaps"),
-        ("create", "patch"),
-        "the job's Services and ConfigMap (server-side apply)",
+        ("list", "watch", "create", "patch"),
+        "the job's Services and ConfigMap: watch for deletion or drift, server-side apply",
     ),
     Rule(
         ("",),
@@ -62,7 +62,12 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
         "the per-job NetworkPolicy when RLKUBE_NETWORK_POLICY is on (server-side apply)",
         only_with="RLKUBE_NETWORK_POLICY",
     ),
-    Rule(("",), ("pods",), ("list",), "count train restarts from pod status"),
+    Rule(
+        ("",),
+        ("pods",),
+        ("list", "watch"),
+        "restarts and termination messages from pod status; a pod change refreshes its job",
+    ),
     Rule(
         ("",), ("events",), ("create",), "events for every transition and error (kopf posts core/v1 events)"
     ),

@@ -17,33 +17,41 @@ from typing import Any
 
 from rlkube import contract as c
 from rlkube import run_policy
-from rlkube.contract import Role
+from rlkube.contract import Role, parse_termination_message
 from rlkube.run_policy import PodRestarts
 from rlkube.security.credential import new_token
 from rlkube.spec import CleanPodPolicy, RLJob, SpecError, parse_job
 
 from rlkube_operator import metrics
+from rlkube_operator.compare import changed_fields, drift
 from rlkube_operator.coordinator import get_status
 from rlkube_operator.kube import ApiError, Kube
 from rlkube_operator.render import (
+    ANNOTATION_SPEC_HASH,
     render,
     render_credential_secret,
     render_eval_statefulset,
     render_train_statefulset,
+    spec_hash,
 )
 from rlkube_operator.settings import OperatorSettings
 from rlkube_operator.status import (
     Children,
     CoordinatorReport,
     Phase,
+    PodFailure,
     RoleObservation,
     derive_status,
     invalid_spec_status,
     parse_time,
-    read_status,
+    previous_status,
+    spec_change_status,
     status_changed,
     status_patch,
 )
+
+#: Spec fields whose change never touches the train pods (``kubectl scale`` writes the first).
+NOT_RESTARTING = ("spec.evaluator.replicas",)
 
 
 class EventReason(StrEnum):
@@ -55,6 +63,10 @@ class EventReason(StrEnum):
     TTL_EXPIRED = "TTLExpired"
     INVALID_SPEC = "InvalidSpec"
     RECONCILE_ERROR = "ReconcileError"
+    #: A child was deleted or edited by someone else and is put back as rendered.
+    RESTORED = "Restored"
+    #: A spec change replaces the train pods: the event names the fields.
+    TRAINING_RESTARTS = "TrainingRestarts"
 
 
 @dataclass(frozen=True)
@@ -95,12 +107,57 @@ def _generation(body: Mapping[str, Any]) -> int:
     return int(body.get("metadata", {}).get("generation") or 0)
 
 
+def job_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def _current(pod: Mapping[str, Any], digest: str) -> bool:
+    """Whether a pod runs the job's current spec (pods without the annotation count as current)."""
+    annotations = pod.get("metadata", {}).get("annotations") or {}
+    return annotations.get(ANNOTATION_SPEC_HASH, digest) == digest
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conditions)
+
+
+def pod_failures(pod: Mapping[str, Any]) -> list[PodFailure]:
+    """What the pod's containers said when they stopped (``state`` and ``lastState`` terminated).
+
+    A structured termination message (rlkube.contract.TerminationMessage) gives the reason; any
+    other non-zero exit (the kubelet's log fallback, OOMKilled) is a failure a restart may fix.
+    A container stopped by SIGTERM without a word is no failure (a scale-down, a rolling update).
+    """
+    name = pod.get("metadata", {}).get("name", "?")
+    out: list[PodFailure] = []
+    for container in pod.get("status", {}).get("containerStatuses") or []:
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            terminated = state.get("terminated")
+            if not terminated:
+                continue
+            code = int(terminated.get("exitCode") or 0)
+            text = terminated.get("message") or ""
+            finished = terminated.get("finishedAt")
+            parsed = parse_termination_message(text)
+            if parsed is not None:
+                out.append(PodFailure(name, parsed.reason, parsed.message, parsed.permanent, code, finished))
+            elif terminated.get("reason") == "OOMKilled" or (code not in (0, 143) and code != 0):
+                kubelet_reason = terminated.get("reason") or "Error"
+                message = text.strip()[-1024:] or f"exit code {code} ({kubelet_reason})"
+                out.append(PodFailure(name, kubelet_reason, message, False, code, finished))
+    return out
+
+
 @dataclass
 class Reconciler:
     kube: Kube
     settings: OperatorSettings
     #: GetStatus; replaceable in tests.
     ask_coordinator: Callable[..., CoordinatorReport | None] = get_status
+    #: Jobs (``ns/name``) whose pods a status refresh scaled to zero on finishing, before the
+    #: status saying so is stored: a child watch then restores them at zero, not as running.
+    finished: set[str] = field(default_factory=set)
 
     # Parsing ---------------------------------------------------------------------------------
 
@@ -120,7 +177,8 @@ class Reconciler:
 
     def _stopped(self, job: RLJob) -> bool:
         """Whether both StatefulSets should be at zero: suspended, or finished and cleaned."""
-        phase = read_status(job.status).phase
+        generation = _generation({"metadata": job.metadata.model_extra or {}})
+        phase = previous_status(job.status, generation=generation).phase
         clean = job.spec.run_policy.clean_pod_policy is not CleanPodPolicy.NONE
         return job.spec.run_policy.suspend or (phase.is_terminal() and clean)
 
@@ -155,20 +213,95 @@ class Reconciler:
 
     # Handlers' work --------------------------------------------------------------------------
 
-    def reconcile(self, body: Mapping[str, Any], *, now: datetime) -> Outcome:
-        """Apply every object of the job (idempotent: server-side apply of the rendered state)."""
+    def reconcile(
+        self, body: Mapping[str, Any], *, now: datetime, old: Mapping[str, Any] | None = None
+    ) -> Outcome:
+        """Apply every object of the job (idempotent: server-side apply of the rendered state).
+
+        ``old`` is the job before this change (an update): when the change replaces the train
+        pods, an event and the ``Restarting`` condition (reason ``SpecChanged``) name its fields.
+        """
         job, invalid = self._parse(body, now=now)
         if job is None:
             return invalid or Outcome()
         stopped = self._stopped(job)
         self._credential(job)  # before the pods that mount it
+        if not stopped:
+            self.finished.discard(job_key(job.namespace, job.name))
+        outcome = Outcome()
+        if old is not None and not stopped:
+            outcome = self._announce_restart(job, old, now=now)
         objects = render(job, self.settings.render, stopped=stopped)
         for obj in objects:
             self._apply(obj)
         kinds = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in objects)
         why = " (scaled to zero: suspended)" if job.spec.run_policy.suspend else ""
         why = why or (" (scaled to zero: finished)" if stopped else "")
-        return Outcome(events=[Event("Normal", EventReason.APPLIED, f"applied {kinds}{why}")])
+        outcome.events.insert(0, Event("Normal", EventReason.APPLIED, f"applied {kinds}{why}"))
+        return outcome
+
+    def _announce_restart(self, job: RLJob, old: Mapping[str, Any], *, now: datetime) -> Outcome:
+        """If the change replaces running train pods: the Restarting/SpecChanged status and an event."""
+        # kopf's ``old`` is an essence (spec, labels, annotations): the rest is the job's own.
+        current = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+        try:
+            before = parse_job({**current, "spec": _plain(old).get("spec", {})}, source="the previous RLJob")
+        except SpecError:
+            return Outcome()
+        generation = _generation({"metadata": job.metadata.model_extra or {}})
+        if previous_status(job.status, generation=generation).phase.is_terminal():
+            return Outcome()
+        old_template = render_train_statefulset(before, self.settings.render)["spec"]["template"]
+        new_template = render_train_statefulset(job, self.settings.render)["spec"]["template"]
+        if old_template == new_template:
+            return Outcome()
+        train = self.kube.get("apps/v1", "StatefulSet", job.namespace, c.train_statefulset_name(job.name))
+        if train is None or not int(train.get("spec", {}).get("replicas") or 0):
+            return Outcome()  # nothing runs yet: nothing restarts
+        old_spec = before.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+        new_spec = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+        fields = [f for f in changed_fields(old_spec, new_spec, prefix="spec") if f not in NOT_RESTARTING]
+        fields = fields or ["the operator's settings"]
+        derived = spec_change_status(job.status, fields, generation=generation, now=now)
+        outcome = Outcome(phase=derived.phase)
+        if status_changed(job.status, derived.status):
+            outcome.status_patch = status_patch(job.status, derived.status)
+        message = derived.status["message"]
+        outcome.events.append(Event("Warning", EventReason.TRAINING_RESTARTS, message))
+        return outcome
+
+    def restore(
+        self, body: Mapping[str, Any], kind: str, name: str, live: Mapping[str, Any] | None, *, now: datetime
+    ) -> Outcome:
+        """A child of the job changed or went: apply its rendering again if it drifted or is gone."""
+        raw = _plain(body)
+        if raw.get("metadata", {}).get("deletionTimestamp"):
+            return Outcome()
+        try:
+            job = parse_job(raw, source=f"RLJob {raw.get('metadata', {}).get('name', '?')}")
+        except SpecError:
+            return Outcome()  # nothing is rendered for a job the operator refuses
+        stopped = self._stopped(job) or job_key(job.namespace, job.name) in self.finished
+        rendered = next(
+            (
+                o
+                for o in render(job, self.settings.render, stopped=stopped)
+                if (o["kind"], o["metadata"]["name"]) == (kind, name)
+            ),
+            None,
+        )
+        if rendered is None:
+            return Outcome()
+        if live is None:
+            why = "was deleted"
+        else:
+            paths = drift(rendered, live)
+            if not paths:
+                return Outcome()
+            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            why = f"drifted from its rendering ({shown})"
+        self._apply(rendered)
+        return Outcome(events=[Event("Normal", EventReason.RESTORED, f"{kind} {name} {why}: restored")])
 
     def scale(self, body: Mapping[str, Any], *, now: datetime) -> Outcome:
         """``spec.evaluator.replicas`` changed: apply the eval StatefulSet and nothing else."""
@@ -188,23 +321,41 @@ class Reconciler:
             evals = self.kube.get("apps/v1", "StatefulSet", ns, c.eval_statefulset_name(job.name))
             selector = f"{c.LABEL_JOB}={job.name},{c.LABEL_ROLE}={Role.TRAIN.value}"
             pods = self.kube.list("v1", "Pod", ns, label_selector=selector)
+            eval_selector = f"{c.LABEL_JOB}={job.name},{c.LABEL_ROLE}={Role.EVAL.value}"
+            eval_pods = self.kube.list("v1", "Pod", ns, label_selector=eval_selector)
         except ApiError as exc:
             raise ReconcileError(
                 f"reading the job's children failed: {exc}", retryable=exc.retryable
             ) from exc
+        digest = spec_hash(job, self.settings.render)
         restarts = {}
+        current_ready = 0
         for pod in pods:
+            if not _current(pod, digest):
+                continue  # a pod of the previous spec, on its way out
             statuses = pod.get("status", {}).get("containerStatuses") or []
             count = sum(int(s.get("restartCount", 0)) for s in statuses)
             restarts[pod["metadata"]["uid"]] = PodRestarts(_pod_rank(pod["metadata"]), count)
-        return Children(train=_role(train), eval=_role(evals), train_pod_restarts=restarts)
+            current_ready += _ready(pod)
+        failures: dict[tuple[str, str | None], PodFailure] = {}
+        for pod in [*pods, *eval_pods]:
+            if _current(pod, digest):
+                for failure in pod_failures(pod):
+                    failures[(failure.pod, failure.finished_at)] = failure
+        return Children(
+            train=_role(train),
+            eval=_role(evals),
+            train_pod_restarts=restarts,
+            failures=tuple(failures.values()),
+            train_current_ready=current_ready if pods else None,
+        )
 
     def refresh(self, body: Mapping[str, Any], *, now: datetime) -> Outcome:
         """Observe children and the coordinator, derive the status, act on what it says."""
         job, invalid = self._parse(body, now=now)
         if job is None:
             return invalid or Outcome()
-        previous = read_status(job.status)
+        previous = previous_status(job.status, generation=_generation(_plain(body)))
         children = self.observe(job)
         report = None
         if children.train.exists and not self._stopped(job):
@@ -224,6 +375,7 @@ class Reconciler:
 
         clean = job.spec.run_policy.clean_pod_policy is not CleanPodPolicy.NONE
         if derived.phase.is_terminal() and not previous.phase.is_terminal() and clean:
+            self.finished.add(job_key(job.namespace, job.name))
             self._apply(render_train_statefulset(job, self.settings.render, stopped=True))
             self._apply(render_eval_statefulset(job, self.settings.render, stopped=True))
             policy = job.spec.run_policy.clean_pod_policy.value

@@ -428,6 +428,9 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
         "env": contract_env(job, role, settings) + secret_env + [copy.deepcopy(e) for e in pod.env],
         "volumeMounts": mounts,
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        # The entrypoint writes why it stopped here; with nothing written, the log's tail stands in.
+        "terminationMessagePath": c.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pull = pod.image_pull_policy or settings.image_pull_policy
     if pull:

@@ -6,6 +6,7 @@ handler calls :func:`configure` and :func:`start`; ``@kopf.on.cleanup`` calls :f
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -14,6 +15,7 @@ import kopf
 from rlkube_operator import metrics
 from rlkube_operator.kube import Kube
 from rlkube_operator.reconcile import Reconciler
+from rlkube_operator.refresher import Refresher
 from rlkube_operator.settings import OperatorSettings
 
 ANNOTATION_PREFIX = "rlkube.io"
@@ -31,6 +33,8 @@ def configure(kopf_settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
+    # No handler needs a finalizer (no timers or daemons, an optional on.delete), so kopf adds none
+    # and removes this one from jobs an older operator marked: `kubectl delete rlj` never waits on us.
     kopf_settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
     # Our own events say what happened; kopf posts only its warnings and errors.
     kopf_settings.posting.level = logging.WARNING
@@ -44,6 +48,8 @@ async def start(
     memo.settings = ours
     memo.kube = Kube.connect(field_manager=ours.field_manager, timeout=ours.api_timeout)
     memo.reconciler = Reconciler(kube=memo.kube, settings=ours)
+    memo.refresher = Refresher(reconciler=memo.reconciler, kube=memo.kube, interval=ours.status_interval)
+    memo.refresher_task = asyncio.get_running_loop().create_task(memo.refresher.run())
     memo.metrics_server = await metrics.start_server(port=ours.metrics_port)
     logger.info(
         f"rlkube operator: namespaces {', '.join(ours.namespaces) or 'all'}, "
@@ -52,6 +58,9 @@ async def start(
 
 
 async def stop(memo: Any) -> None:
+    task = getattr(memo, "refresher_task", None)
+    if task is not None:
+        task.cancel()
     server = getattr(memo, "metrics_server", None)
     if server is not None:
         await server.cleanup()

@@ -13,20 +13,28 @@ Rules (see docs/rljob-reference.md):
 * What counts against ``runPolicy.backoffLimit`` (restarts of the train group, per rank and pod
   uid, so pods recreated by the StatefulSet controller do not reset it), and when the deadline is
   due, are :mod:`rlkube.run_policy`'s decisions, shared with ``rlkube run``.
+* A pod that says why it stopped (its termination message, :class:`PodFailure`) fails the job at
+  once with that reason when no restart can fix it (``PERMANENT_FAILURES``: a bad policy type, env
+  id, checkpoint, ...); other failures go through ``backoffLimit``. The newest one stays in
+  ``status.lastFailure`` after the pods are gone.
+* A new generation of a job that failed for its spec (``InvalidSpec`` or a permanent pod failure)
+  is derived from scratch (:func:`previous_status`): fixing the spec starts the job.
+* A spec change that replaces the train pods sets ``Restarting`` with reason ``SpecChanged``
+  naming the fields (:func:`spec_change_status`) until every train rank runs the new spec.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from rlkube import run_policy
-from rlkube.contract import LABEL_JOB, LABEL_ROLE, Role
+from rlkube.contract import LABEL_JOB, LABEL_ROLE, PERMANENT_FAILURES, FailureReason, Role
 from rlkube.run_policy import PodRestarts, RestartLedger
 from rlkube.spec import RLJob
 
@@ -81,6 +89,23 @@ class Reason(StrEnum):
     NO_FAILURE = "NoFailure"
     JOB_FINISHED = "JobFinished"
     NON_FINITE_WEIGHTS = "NonFiniteWeights"
+    SPEC_CHANGED = "SpecChanged"
+    # What a pod's termination message says (rlkube.contract.FailureReason), and the rest.
+    ENV_CONTRACT_BROKEN = FailureReason.ENV_CONTRACT_BROKEN.value
+    IMPORT_FAILED = FailureReason.IMPORT_FAILED.value
+    POLICY_NOT_REGISTERED = FailureReason.POLICY_NOT_REGISTERED.value
+    POLICY_CONFIG_INVALID = FailureReason.POLICY_CONFIG_INVALID.value
+    BUFFER_NOT_SUPPORTED = FailureReason.BUFFER_NOT_SUPPORTED.value
+    ENV_NOT_FOUND = FailureReason.ENV_NOT_FOUND.value
+    CHECKPOINT_NOT_FOUND = FailureReason.CHECKPOINT_NOT_FOUND.value
+    POLICY_ERROR = FailureReason.POLICY_ERROR.value
+    CRASHED = FailureReason.CRASHED.value
+    #: A pod failed with a reason this operator does not know (or none: the log's tail).
+    POD_FAILED = "PodFailed"
+
+
+#: Failed for one of these, a job starts again when its spec changes (a new generation).
+SPEC_FAILURES = frozenset({Reason.INVALID_SPEC, *(Reason(r) for r in PERMANENT_FAILURES)})
 
 
 CONDITION_ORDER: tuple[ConditionType, ...] = tuple(ConditionType)
@@ -150,6 +175,15 @@ class Progress(_Status):
     fingerprints_consistent: bool = True
 
 
+class LastFailure(_Status):
+    reason: str = Field(description="The pod's reason (its termination message), e.g. PolicyNotRegistered.")
+    message: str = Field("", description="What the pod said, at most 4096 bytes.")
+    pod: str = ""
+    exit_code: int = 0
+    permanent: bool = Field(False, description="Whether no restart can fix it (the job failed at once).")
+    time: str | None = Field(None, description="When the container stopped.")
+
+
 class RLJobStatus(_Status):
     phase: Phase = Phase.PENDING
     message: str = ""
@@ -160,6 +194,9 @@ class RLJobStatus(_Status):
     progress: Progress = Field(default_factory=Progress)
     start_time: str | None = Field(None, description="When the job (last) started running unsuspended.")
     completion_time: str | None = Field(None, description="When the job became Complete or Failed.")
+    last_failure: LastFailure | None = Field(
+        None, description="The newest pod failure that said why (kept after the pods are cleaned)."
+    )
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -179,11 +216,27 @@ class RoleObservation:
 
 
 @dataclass(frozen=True)
+class PodFailure:
+    """A container of one of the job's pods (of the current spec) that stopped and said why."""
+
+    pod: str
+    reason: str
+    message: str
+    permanent: bool
+    exit_code: int = 1
+    finished_at: str | None = None
+
+
+@dataclass(frozen=True)
 class Children:
     train: RoleObservation = RoleObservation()
     eval: RoleObservation = RoleObservation()
     #: Each live train pod, by uid: its rank and restartCount summed over its containers.
     train_pod_restarts: Mapping[str, PodRestarts] = field(default_factory=dict)
+    #: Failures the job's pods reported (termination messages), any order.
+    failures: tuple[PodFailure, ...] = ()
+    #: Ready train pods that run the current spec; None: not observed (counts as ``train.ready``).
+    train_current_ready: int | None = None
 
 
 @dataclass(frozen=True)
@@ -261,6 +314,17 @@ def read_status(raw: Mapping[str, Any] | None) -> RLJobStatus:
         return RLJobStatus()
 
 
+def previous_status(raw: Mapping[str, Any] | None, *, generation: int) -> RLJobStatus:
+    """What a derivation starts from: the stored status, or none for a new generation of a job that
+    failed for its spec (so the fixed spec is run, not kept Failed)."""
+    previous = read_status(raw)
+    if generation > previous.observed_generation and previous.phase is Phase.FAILED:
+        failed = _find(previous.conditions, ConditionType.FAILED)
+        if failed is not None and failed.reason in SPEC_FAILURES:
+            return RLJobStatus()
+    return previous
+
+
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether ``new`` differs from the stored status (so a patch is needed)."""
     return read_status(previous).dump() != dict(new)
@@ -275,9 +339,9 @@ def derive_status(
     generation: int | None = None,
 ) -> Derived:
     """The status the job should have now, and the transitions that lead there from ``job.status``."""
-    previous = read_status(job.status)
     spec = job.spec
     generation = generation if generation is not None else _generation(job)
+    previous = previous_status(job.status, generation=generation)
     stamp = rfc3339(now)
 
     train_desired = spec.trainer.replicas
@@ -307,6 +371,22 @@ def derive_status(
     if not suspended and (start_time is None or resumed):
         start_time = stamp
     train_ready = train_desired > 0 and children.train.ready >= train_desired
+    current_ready = (
+        children.train.ready if children.train_current_ready is None else children.train_current_ready
+    )
+    train_on_new_spec = train_ready and current_ready >= train_desired
+    newest = _newest_failure(children.failures)
+    last_failure = previous.last_failure
+    if newest is not None:
+        last_failure = LastFailure(
+            reason=newest.reason,
+            message=newest.message,
+            pod=newest.pod,
+            exit_code=newest.exit_code,
+            permanent=newest.permanent,
+            time=newest.finished_at,
+        )
+    permanent = next((f for f in sorted(children.failures, key=_failure_order) if f.permanent), None)
 
     # Terminal outcomes, most specific first; a terminal phase never changes again.
     terminal: tuple[Phase, Reason, str] | None = None
@@ -328,11 +408,14 @@ def derive_status(
         if report.last_return is not None:
             summary += f", last return {report.last_return:.1f}"
         terminal = (Phase.COMPLETE, Reason.TRAINING_FINISHED, summary)
+    elif permanent is not None:
+        terminal = (Phase.FAILED, _failure_reason(permanent.reason), f"{permanent.pod}: {permanent.message}")
     elif run_policy.backoff_exceeded(restarts, spec.run_policy.backoff_limit):
+        why = f"; last failure: {last_failure.reason}: {last_failure.message}" if last_failure else ""
         terminal = (
             Phase.FAILED,
             Reason.BACKOFF_LIMIT_EXCEEDED,
-            run_policy.backoff_message(restarts, spec.run_policy.backoff_limit),
+            run_policy.backoff_message(restarts, spec.run_policy.backoff_limit) + why,
         )
     elif (
         not suspended
@@ -348,7 +431,14 @@ def derive_status(
     restarting = (
         not terminal
         and not suspended
-        and (restarted_now or (_is_true(previous, "Restarting") and not train_ready))
+        and (restarted_now or (_is_true(previous, "Restarting") and not train_on_new_spec))
+    )
+    old_restarting = _find(previous.conditions, ConditionType.RESTARTING)
+    spec_changed = (
+        restarting
+        and not restarted_now
+        and old_restarting is not None
+        and old_restarting.reason is Reason.SPEC_CHANGED
     )
     running = (
         not terminal
@@ -405,7 +495,10 @@ def derive_status(
             Reason.WAITING_FOR_COORDINATOR,
             "train ranks are ready; the coordinator has not reported training yet",
         )
-    if restarting:
+    if spec_changed:
+        assert old_restarting is not None
+        wanted[ConditionType.RESTARTING] = (True, Reason.SPEC_CHANGED, old_restarting.message)
+    elif restarting:
         wanted[ConditionType.RESTARTING] = (
             True,
             Reason.TRAIN_POD_RESTARTED,
@@ -454,15 +547,73 @@ def derive_status(
         progress=progress,
         start_time=start_time,
         completion_time=completion_time,
+        last_failure=last_failure,
     )
     return Derived(status=status.dump(), transitions=tuple(transitions))
+
+
+def _failure_order(failure: PodFailure) -> tuple[str, str]:
+    return (failure.finished_at or "", failure.pod)
+
+
+def _newest_failure(failures: tuple[PodFailure, ...]) -> PodFailure | None:
+    return max(failures, key=_failure_order, default=None)
+
+
+def _failure_reason(reason: str) -> Reason:
+    try:
+        return Reason(reason)
+    except ValueError:
+        return Reason.POD_FAILED
+
+
+def spec_change_status(
+    previous_raw: Mapping[str, Any] | None, fields: list[str], *, generation: int, now: datetime
+) -> Derived:
+    """``Restarting`` with reason ``SpecChanged`` naming ``fields``: a change that replaces the train pods.
+
+    :func:`derive_status` keeps it until every train rank is ready on the new spec.
+    """
+    previous = read_status(previous_raw)
+    message = f"{', '.join(fields)} changed: the train pods are replaced and training restarts"
+    wanted = {
+        c.type: (c.status == "True", c.reason, c.message)
+        for c in previous.conditions
+        if c.type in CONDITION_ORDER
+    }
+    for ctype in CONDITION_ORDER:
+        wanted.setdefault(ctype, (False, _default_reason(ctype), ""))
+    wanted[ConditionType.RESTARTING] = (True, Reason.SPEC_CHANGED, message)
+    conditions, transitions = _merge_conditions(
+        previous.conditions, wanted, stamp=rfc3339(now), generation=generation
+    )
+    status = previous.model_copy(
+        update={"phase": Phase.RESTARTING, "message": message, "conditions": conditions}
+    )
+    return Derived(status=status.dump(), transitions=tuple(transitions))
+
+
+def next_decision(job: RLJob, *, generation: int | None = None) -> datetime | None:
+    """When the run policy next decides something by the clock alone: the TTL of a finished job
+    runs out, or a running job passes ``activeDeadlineSeconds``. None: nothing is due."""
+    generation = generation if generation is not None else _generation(job)
+    status = previous_status(job.status, generation=generation)
+    policy = job.spec.run_policy
+    if status.phase.is_terminal():
+        finished = parse_time(status.completion_time)
+        ttl = policy.ttl_seconds_after_finished
+        return finished + timedelta(seconds=ttl) if finished is not None and ttl is not None else None
+    started = parse_time(status.start_time)
+    if policy.suspend or started is None or not policy.active_deadline_seconds:
+        return None
+    return started + timedelta(seconds=policy.active_deadline_seconds)
 
 
 def invalid_spec_status(
     previous_raw: Mapping[str, Any] | None, problems: list[str], *, generation: int, now: datetime
 ) -> Derived:
     """``Failed`` with reason ``InvalidSpec`` for a spec the schema let through but spec.py refuses."""
-    previous = read_status(previous_raw)
+    previous = previous_status(previous_raw, generation=generation)
     message = "; ".join(problems)
     wanted = {
         ctype: (False, Reason.INVALID_SPEC if ctype is ConditionType.RUNNING else _default_reason(ctype), "")

@@ -1,8 +1,8 @@
 """The ``rlkube`` command. Each subcommand imports its implementation lazily, so
-``rlkube validate`` or ``rlkube crd`` start without loading torch.
+``rlkube validate --schema-only`` or ``rlkube crd`` start without loading torch.
 
     rlkube run JOB.yaml [--set spec.train.maxEpochs=3] [--nodes 2] [--summary out.json]
-    rlkube validate JOB.yaml             check a job; print every problem with its field path
+    rlkube validate JOB.yaml             check a job, its policy, env and buffer; name every bad field
     rlkube scale RUN_DIR --evaluators K  change the eval count of a running local job
     rlkube pod                           the entrypoint of train and eval pods (reads the env contract)
     rlkube render JOB.yaml               print the Kubernetes objects the operator would create
@@ -55,8 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="address the coordinator and weight servers bind (default 127.0.0.1: this machine only)",
     )
 
-    validate = sub.add_parser("validate", help="check a job manifest")
+    validate = sub.add_parser("validate", help="check a job manifest, its policy, env and buffer")
     _job_args(validate)
+    validate.add_argument(
+        "--schema-only", action="store_true", help="check only the spec (no policy import, no torch)"
+    )
 
     scale = sub.add_parser("scale", help="change the eval worker count of a running local job")
     scale.add_argument("run_dir", type=Path, help="the run directory printed by `rlkube run`")
@@ -112,11 +115,9 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
     try:
         if args.command == "validate":
-            from rlkube.jobfile import load_job
+            from rlkube.launch.validate import validate
 
-            job = load_job(args.job, args.overrides)
-            print(f"{args.job}: valid RLJob {job.namespace}/{job.name}")
-            return 0
+            return validate(args)
         if args.command == "run":
             from rlkube.launch.run import main as run_main
 

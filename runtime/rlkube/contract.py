@@ -8,6 +8,7 @@ exactly these names.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -57,6 +58,11 @@ TLS_DIR_ENV = "RLKUBE_TLS_DIR"
 #: Where the servers of a pod listen: every interface in a pod, loopback in a local run.
 LISTEN_ALL = "0.0.0.0"
 LISTEN_LOOPBACK = "127.0.0.1"
+#: Where the pod entrypoint writes why its container stopped (the container's
+#: ``terminationMessagePath``; the kubelet copies it into the pod's container status).
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+#: The kubelet keeps at most this many bytes of a termination message.
+TERMINATION_MESSAGE_MAX_BYTES = 4096
 
 # The image -----------------------------------------------------------------------------------
 #: The non-root user and group the image (Dockerfile) runs as; the operator's pods run as them too.
@@ -303,3 +309,93 @@ def read_pod_env(environ: Mapping[str, str]) -> PodEnv:
 def _is_host_port(value: str) -> bool:
     host, sep, port = value.rpartition(":")
     return bool(sep and host and port.isdigit())
+
+
+# Why a pod stopped: its termination message ----------------------------------------------------
+
+
+class FailureReason(StrEnum):
+    """What the pod entrypoint writes as the reason of its termination message (CamelCase)."""
+
+    #: The job manifest the pod read does not parse or validate.
+    INVALID_SPEC = "InvalidSpec"
+    #: The pod's env contract is missing or malformed (an operator/render bug, or a hand-made pod).
+    ENV_CONTRACT_BROKEN = "EnvContractBroken"
+    #: A module of ``spec.imports`` / ``spec.policy.module`` does not import.
+    IMPORT_FAILED = "ImportFailed"
+    #: ``spec.policy.type`` names no registered policy.
+    POLICY_NOT_REGISTERED = "PolicyNotRegistered"
+    #: The policy refuses its own configuration (``algoCfg``, ``modelCfg``, ``optimCfg``).
+    POLICY_CONFIG_INVALID = "PolicyConfigInvalid"
+    #: ``spec.buffer.type`` is one the policy cannot learn from (PPO is on-policy: rollout only).
+    BUFFER_NOT_SUPPORTED = "BufferNotSupported"
+    #: ``spec.env.id`` is not a registered gymnasium id (or ``spec.env.imports`` do not import).
+    ENV_NOT_FOUND = "EnvNotFound"
+    #: ``spec.checkpoint.path`` names no file (or no checkpoint directory).
+    CHECKPOINT_NOT_FOUND = "CheckpointNotFound"
+    #: The policy's own code raised while the job ran.
+    POLICY_ERROR = "PolicyError"
+    #: Anything else raised while the job ran.
+    CRASHED = "Crashed"
+
+
+#: Failures that no restart can fix: the operator fails the job at once, without backoff.
+PERMANENT_FAILURES: frozenset[str] = frozenset(
+    {
+        FailureReason.INVALID_SPEC,
+        FailureReason.ENV_CONTRACT_BROKEN,
+        FailureReason.IMPORT_FAILED,
+        FailureReason.POLICY_NOT_REGISTERED,
+        FailureReason.POLICY_CONFIG_INVALID,
+        FailureReason.BUFFER_NOT_SUPPORTED,
+        FailureReason.ENV_NOT_FOUND,
+        FailureReason.CHECKPOINT_NOT_FOUND,
+    }
+)
+
+
+@dataclass(frozen=True)
+class TerminationMessage:
+    """A pod's termination message: one JSON object ``{"reason", "message", "permanent"}``."""
+
+    reason: str
+    message: str
+    #: Whether restarting the pod cannot help; by default, whether ``reason`` is in PERMANENT_FAILURES.
+    permanent: bool
+
+    def encode(self, *, limit: int = TERMINATION_MESSAGE_MAX_BYTES) -> str:
+        """The JSON text, with the message cut (marked with an ellipsis) so it fits in ``limit`` bytes."""
+        message = self.message
+        while True:
+            text = json.dumps({"reason": self.reason, "message": message, "permanent": self.permanent})
+            size = len(text.encode("utf-8"))
+            if size <= limit or not message:
+                return text
+            keep = max(0, len(message) - (size - limit) - 4)
+            message = message[:keep] + "\u2026" if keep else ""
+
+
+def termination_message(reason: str, message: str, *, permanent: bool | None = None) -> TerminationMessage:
+    return TerminationMessage(
+        reason=str(reason),
+        message=message,
+        permanent=(str(reason) in PERMANENT_FAILURES) if permanent is None else permanent,
+    )
+
+
+def parse_termination_message(text: str | None) -> TerminationMessage | None:
+    """The structured message a pod wrote, or None for free text (e.g. the kubelet's log fallback)."""
+    if not text or not text.lstrip().startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("reason"), str) or not data["reason"]:
+        return None
+    permanent = data.get("permanent")
+    return termination_message(
+        data["reason"],
+        str(data.get("message", "")),
+        permanent=permanent if isinstance(permanent, bool) else None,
+    )

@@ -6,26 +6,48 @@ pod's role: a train rank (``rlkube.launch.train``) or an eval worker
 (``rlkube.engine.worker``). SIGTERM asks for a clean stop: eval workers drain, rank 0 saves a
 checkpoint. Exit codes: 0 stopped cleanly, 1 failed, 2 bad contract or job, 3 a disk fault (one line
 saying what could not be written where), 143 stopped mid-run.
+
+Every start-up refusal (exit 2) and every crash (exit 1) is also written as the container's
+termination message (:mod:`rlkube.launch.termination`): a reason (``InvalidSpec``,
+``PolicyNotRegistered``, ``EnvNotFound``, ``CheckpointNotFound``, ``PolicyError``, ...; see
+:class:`rlkube.contract.FailureReason`) and the message, which the operator shows in the job's
+``Failed`` condition. The start-up checks are :func:`rlkube.launch.preflight.preflight`, the same
+that ``rlkube validate`` and ``rlkube run`` make.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
+from types import TracebackType
 
-from rlkube.contract import EnvContractError, PodEnv, Role, read_pod_env
+from rlkube.contract import EnvContractError, FailureReason, PodEnv, Role, read_pod_env
 from rlkube.engine.disk import EXIT_DISK_FAULT, describe, is_disk_error
+from rlkube.failure import describe_exception
 from rlkube.health import POD
 from rlkube.jobfile import load_job
 from rlkube.launch.processes import die_with_supervisor
+from rlkube.launch.termination import write_termination_message
 from rlkube.spec import RLJob, SpecError
 
 logger = logging.getLogger("rlkube.pod")
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+
+def refuse(reason: FailureReason, message: str) -> int:
+    """Say why this pod will not start (stderr and the termination message); the exit code."""
+    print(f"rlkube pod: {reason.value}: {message}", file=sys.stderr)
+    write_termination_message(reason, message)
+    return EXIT_INVALID
 
 
 def main(args: argparse.Namespace | None = None) -> int:
@@ -34,21 +56,19 @@ def main(args: argparse.Namespace | None = None) -> int:
     try:
         env = read_pod_env(os.environ)
     except EnvContractError as exc:
-        print(f"rlkube pod: {exc}", file=sys.stderr)
-        return 2
+        return refuse(FailureReason.ENV_CONTRACT_BROKEN, str(exc))
     try:
         job = load_job(env.job_config)
     except SpecError as exc:
-        print(f"rlkube pod: {exc}", file=sys.stderr)
-        return 2
+        return refuse(FailureReason.INVALID_SPEC, "; ".join(exc.problems))
     _configure_logging(job, env)
-    from rlkube.launch.run import resolve_policy
+    from rlkube.launch.preflight import checkpoint_needed, preflight
 
-    try:
-        policy_cls = resolve_policy(job)
-    except (ImportError, KeyError) as exc:
-        print(f"rlkube pod: invalid job {env.job_config}: {exc}", file=sys.stderr)
-        return 2
+    checks = preflight(job, check_checkpoint=env.is_train and checkpoint_needed(job))
+    if checks.refusal is not None:
+        return refuse(checks.refusal.reason, f"invalid job {env.job_config}: {checks.refusal.message}")
+    policy_cls = checks.policy_cls
+    assert policy_cls is not None
     stop = threading.Event()
 
     def on_sigterm(signum: int, _frame: object) -> None:
@@ -66,9 +86,28 @@ def main(args: argparse.Namespace | None = None) -> int:
             return EXIT_DISK_FAULT
         traceback.print_exc()
         print(f"rlkube pod: {env.pod_name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        # The message with the policy's frame (rlkube.failure); the reason the operator acts on.
+        failure = describe_exception(exc, pod=env.pod_name)
+        write_termination_message(crash_reason(exc, policy_cls), failure.message)
+        return EXIT_FAILED
     finally:
         POD.close()
+
+
+def crash_reason(exc: BaseException, policy_cls: type) -> FailureReason:
+    """``PolicyError`` when the policy's own module raised (a frame of it is in the traceback)."""
+    source = inspect.getsourcefile(policy_cls)
+    if source and _raised_in(exc.__traceback__, Path(source).resolve()):
+        return FailureReason.POLICY_ERROR
+    return FailureReason.CRASHED
+
+
+def _raised_in(tb: TracebackType | None, source: Path) -> bool:
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == source:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def run_role(job: RLJob, env: PodEnv, policy_cls: type, stop: threading.Event) -> int:

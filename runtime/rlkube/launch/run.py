@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -24,15 +23,15 @@ from pathlib import Path
 from rlkube.engine.loggers import backend_observers
 from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles
 from rlkube.engine.run_paths import RunPaths
-from rlkube.envs.group import EnvError, check_env_id
 from rlkube.failure import describe_exception, format_console
 from rlkube.jobfile import dump_job, load_job
 from rlkube.launch.cluster_run import run_local_cluster
 from rlkube.launch.in_process import InProcessRun
+from rlkube.launch.preflight import preflight
+from rlkube.launch.preflight import resolve_policy as resolve_policy  # re-exported: its old home
 from rlkube.launch.progress import LiveProgress, PlainProgress
 from rlkube.launch.results import fresh_run_dir, print_result, write_failure_summary
-from rlkube.policy.base import BasePolicy, PolicyRole
-from rlkube.policy.registry import POLICIES, import_modules
+from rlkube.policy.base import BasePolicy
 from rlkube.spec import RLJob, SpecError
 
 logger = logging.getLogger("rlkube")
@@ -42,25 +41,6 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 
-def resolve_policy(job: RLJob) -> type[BasePolicy]:
-    """Import ``spec.imports`` and ``spec.policy.module`` (their registrations run), then look up the type.
-
-    The current directory is importable, as with ``python -m``, so ``policy.module:
-    examples.custom_policy`` works from a checkout. Raises ImportError or KeyError naming the field.
-    """
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    modules = [*job.spec.imports, *([job.spec.policy.module] if job.spec.policy.module else [])]
-    import_modules(modules)
-    try:
-        cls = POLICIES.get(job.spec.policy.type, imported=modules)
-    except KeyError as exc:
-        raise KeyError(f"spec.policy.type: {exc.args[0]}") from None
-    if not (isinstance(cls, type) and issubclass(cls, BasePolicy)):
-        raise KeyError(f"spec.policy.type: {job.spec.policy.type!r} is registered but is not a BasePolicy")
-    return cls
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         job = load_job(args.job, args.overrides)
@@ -68,21 +48,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"rlkube: {exc}", file=sys.stderr)
         return EXIT_INVALID
     _configure_logging(job.spec.log.level.value)
-    try:
-        policy_cls = resolve_policy(job)
-        check_env_id(job.spec.env.id, job.spec.env.imports)
-        # Constructing a policy validates its own settings (e.g. PPO's algoCfg) without building networks.
-        policy_cls(job.spec.policy, PolicyRole.TRAIN)
-    except SpecError as exc:
-        print(
-            f"rlkube: invalid job {args.job}:\n" + "\n".join(f"  - {p}" for p in exc.problems),
-            file=sys.stderr,
-        )
+    checks = preflight(job, check_checkpoint=True)
+    if checks.refusal is not None:
+        problems = "\n".join(f"  - {p}" for p in checks.refusal.problems)
+        print(f"rlkube: invalid job {args.job}:\n{problems}", file=sys.stderr)
         return EXIT_INVALID
-    except (ImportError, KeyError, EnvError, ValueError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"rlkube: invalid job {args.job}:\n  - {message}", file=sys.stderr)
-        return EXIT_INVALID
+    policy_cls = checks.policy_cls
+    assert policy_cls is not None
     return _runner(args)(job, policy_cls, args)
 
 

@@ -57,6 +57,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rlkube.envs.types import EnvRet, PolicyResponse
 from rlkube.policy.gates import AdmissionGate, IdleGate
+from rlkube.spec import BufferType
 
 if TYPE_CHECKING:
     from rlkube.policy.weight_source import StagedWeights, WeightSource
@@ -107,6 +108,9 @@ class BasePolicy(nn.Module, ABC):
     request_mode: ClassVar[RequestMode] = RequestMode.PER_ENV
     #: Passed to DDP by the default ``wrap_with_ddp`` (RLightning's default: True).
     ddp_find_unused_parameters: ClassVar[bool] = True
+    #: The ``spec.buffer.type`` values this policy can learn from; a job asking for another one is
+    #: refused before it starts (``rlkube validate``, ``rlkube run`` and the pods check it).
+    supported_buffers: ClassVar[frozenset[BufferType]] = frozenset(BufferType)
 
     def __init__(self, config: PolicySpec, role_type: PolicyRole | str) -> None:
         super().__init__()

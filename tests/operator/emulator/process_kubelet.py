@@ -13,7 +13,12 @@ pod that appears (the StatefulSet controller creates them) it
    emulator serves it as ``pods/log``: ``kubectl logs [-f] [--previous]``);
 4. reports the pod through the status subresource: phase, the Ready condition, and a container
    status with state, last state, ``restartCount`` and ``containerID: process://<pid>``; and posts
-   the Events a kubelet posts (Scheduled, Started, BackOff, Killing, Failed).
+   the Events a kubelet posts (Scheduled, Started, BackOff, Killing, Failed);
+5. gives each container start a fresh termination message file (its ``terminationMessagePath``,
+   here a file of the pod's directory named by ``RLKUBE_TERMINATION_MESSAGE_PATH``) and copies
+   what the container wrote there into the terminated state's ``message`` when it exits, as the
+   kubelet does (at most 4096 bytes; ``FallbackToLogsOnError``: the log's tail when nothing was
+   written and the exit code is not 0; :mod:`.termination`).
 
 A container that exits is started again per ``restartPolicy`` (a StatefulSet's is Always) after
 a back-off (:class:`~rlkube.launch.processes.RestartBackOff`, doubling: the kubelet's 10 s..5 min,
@@ -59,6 +64,11 @@ from tests.operator.emulator.podnet import JobNetworks, JobPorts, cluster_addres
 from tests.operator.emulator.resources import ResourceType
 from tests.operator.emulator.sandbox import Node, PodSandbox, SandboxError, container_command
 from tests.operator.emulator.store import Store, WatchEvent, now_rfc3339
+from tests.operator.emulator.termination import (
+    TERMINATION_PATH_VARIABLE,
+    fresh_termination_file,
+    termination_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -313,6 +323,9 @@ class ProcessKubelet:
             "finishedAt": now_rfc3339(),
             "containerID": f"process://{run.pid}",
         }
+        message = termination_message(run, failed=code != 0)
+        if message:
+            run.last_terminated["message"] = message
         if run.deleting:
             return
         if run.restart_policy == "Never" or (run.restart_policy == "OnFailure" and code == 0):
@@ -396,6 +409,7 @@ class ProcessKubelet:
             env = cluster_addresses(env, job=run.job, namespace=run.namespace, ports=self._ports(run))
         for directory in run.sandbox.contract_dirs(env):
             directory.mkdir(parents=True, exist_ok=True)
+        env[TERMINATION_PATH_VARIABLE] = str(fresh_termination_file(run))
         return container_command(run.container, python=self.python), {**self.base_env, **env}
 
     # Reporting ------------------------------------------------------------------------------------

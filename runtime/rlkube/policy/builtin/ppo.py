@@ -37,6 +37,7 @@ from rlkube.policy.builtin.actor_critic import ActorCritic
 from rlkube.policy.builtin.ppo_config import PPOAlgoConfig, PPOModelConfig, PPOOptimConfig, parse_section
 from rlkube.policy.builtin.ppo_math import clipped_surrogate, explained_variance, gae, normalize, value_loss
 from rlkube.policy.registry import POLICIES
+from rlkube.spec import BufferType
 
 
 @POLICIES.register("PPO")
@@ -47,6 +48,8 @@ class PPO(BasePolicy):
     request_mode = RequestMode.BATCHED
     #: Every step uses the actor and the critic: DDP needs no search for unused parameters.
     ddp_find_unused_parameters = False
+    #: On-policy: it learns from each epoch's fresh rollouts (GAE over whole fragments), not a replay ring.
+    supported_buffers = frozenset({BufferType.ROLLOUT})
 
     def __init__(self, config: Any, role_type: PolicyRole | str) -> None:
         super().__init__(config, role_type)

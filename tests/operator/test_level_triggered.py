@@ -1,0 +1,206 @@
+"""The operator holds a job's children to their rendering: whatever deletes or edits one, it comes back.
+
+kubectl only, against the emulator with the real operator: a child deleted or edited by hand is
+applied again within seconds, with a ``Restored`` event on the job; the job itself carries no
+finalizer, so it is deleted even while the operator is down; a TTL deletes on time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.operator.conftest import Kubectl, job_document
+from tests.operator.emulator.store import WatchEvent
+from tests.operator.harness import FakeCoordinators, OperatorProcess, wait_for
+
+#: What the issue asks of a deleted child: back within this many seconds.
+RESTORE_WITHIN = 10.0
+
+
+def events(k: Kubectl, name: str) -> list[dict[str, Any]]:
+    answer = k("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
+    return list(json.loads(answer)["items"])
+
+
+def restored(k: Kubectl, job: str, what: str) -> list[str]:
+    return [e["message"] for e in events(k, job) if e["reason"] == "Restored" and what in e["message"]]
+
+
+def running(k: Kubectl, coordinators: FakeCoordinators, name: str, **spec: Any) -> dict[str, Any]:
+    coordinators.report(k.namespace, name, phase="Running", epoch=3, max_epochs=50, weight_version=3)
+    k.apply(job_document(name, **spec))
+    return wait_for(
+        lambda: (j := k.get("rlj", name)) and j.get("status", {}).get("phase") == "Running" and j,
+        what=f"{name} Running",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "child"),
+    [
+        ("statefulset", "{}-eval"),
+        ("statefulset", "{}-train"),
+        ("service", "{}-coordinator"),
+        ("configmap", "{}-job"),
+    ],
+)
+def test_a_deleted_child_is_back_within_seconds_with_an_event(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators, kind: str, child: str
+) -> None:
+    name = f"keep-{kind[:3]}-{child.split('-')[-1]}"
+    running(k, coordinators, name)
+    target = child.format(name)
+    before = k.wait_for_object(kind, target)
+
+    k("delete", kind, target, "--wait=false")
+    gone_at = time.monotonic()
+    back = wait_for(
+        lambda: (o := k.get(kind, target)) and o["metadata"]["uid"] != before["metadata"]["uid"] and o,
+        timeout=RESTORE_WITHIN,
+        what=f"{kind}/{target} recreated",
+    )
+    assert time.monotonic() - gone_at <= RESTORE_WITHIN
+    assert back["metadata"]["ownerReferences"][0]["name"] == name
+    assert wait_for(lambda: restored(k, name, f"{target} was deleted"), what="a Restored event")
+
+
+def test_a_child_edited_by_hand_is_put_back_as_rendered(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+) -> None:
+    running(k, coordinators, "drifty", evaluator={"replicas": 2})
+    k.wait_for_object("statefulset", "drifty-eval")
+
+    k("scale", "statefulset", "drifty-eval", "--replicas=5")  # the RLJob's /scale is the way
+
+    wait_for(
+        lambda: (k.get("statefulset", "drifty-eval") or {}).get("spec", {}).get("replicas") == 2,
+        timeout=RESTORE_WITHIN,
+        what="the eval StatefulSet back at 2 replicas",
+    )
+    messages = wait_for(lambda: restored(k, "drifty", "drifty-eval drifted"), what="a Restored event")
+    assert "spec.replicas" in messages[0]
+
+
+def test_a_child_of_a_finished_job_is_restored_scaled_to_zero(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+) -> None:
+    running(k, coordinators, "over")
+    coordinators.report(k.namespace, "over", phase="Complete", finished=True, epoch=50, max_epochs=50)
+    wait_for(lambda: (k.get("statefulset", "over-train") or {}).get("spec", {}).get("replicas") == 0)
+    before = k.wait_for_object("statefulset", "over-train")
+
+    k("delete", "statefulset", "over-train", "--wait=false")
+
+    back = wait_for(
+        lambda: (
+            (o := k.get("statefulset", "over-train"))
+            and o["metadata"]["uid"] != before["metadata"]["uid"]
+            and o
+        ),
+        timeout=RESTORE_WITHIN,
+        what="over-train recreated",
+    )
+    assert back["spec"]["replicas"] == 0
+
+
+def test_a_job_carries_no_finalizer_and_is_deleted_while_the_operator_is_down(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+) -> None:
+    job = running(k, coordinators, "orphan")
+    assert not job["metadata"].get("finalizers"), job["metadata"].get("finalizers")
+
+    operator.stop()
+    try:
+        result = k("delete", "rlj", "orphan", "--timeout=20s", check=False)
+        assert result.returncode == 0, result.stderr
+        assert k.get("rlj", "orphan") is None
+        wait_for(lambda: k.get("statefulset", "orphan-train") is None, what="garbage collection")
+    finally:
+        operator.start()
+
+
+def test_a_ttl_of_five_seconds_deletes_the_job_within_seven(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+) -> None:
+    late = []
+    for attempt in range(4):
+        name = f"ttl{attempt}"
+        running(k, coordinators, name, runPolicy={"ttlSecondsAfterFinished": 5})
+        coordinators.report(k.namespace, name, phase="Complete", finished=True, epoch=50, max_epochs=50)
+        wait_for(lambda name=name: (k.get("rlj", name) or {}).get("status", {}).get("phase") == "Complete")
+        finished = time.monotonic()
+        wait_for(lambda name=name: k.get("rlj", name) is None, timeout=30, what=f"{name} deleted")
+        if time.monotonic() - finished > 7.0:
+            late.append((name, round(time.monotonic() - finished, 1)))
+    assert not late, f"deleted more than 7 s after Complete: {late}"
+
+
+def record_statuses(k: Kubectl, name: str) -> list[dict[str, Any]]:
+    """From now on, every status of RLJob ``name`` as the API server stored it."""
+    seen: list[dict[str, Any]] = []
+
+    def listen(rtype: Any, event: WatchEvent) -> None:
+        if rtype.kind == "RLJob" and event.obj["metadata"]["name"] == name:
+            seen.append(copy.deepcopy(event.obj.get("status") or {}))
+
+    k.cluster.call(lambda: k.cluster.store_call().listeners.append(listen))
+    return seen
+
+
+def test_a_spec_change_that_restarts_training_says_which_fields(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+) -> None:
+    document = job_document("edited", trainer={"replicas": 2})
+    running(k, coordinators, "edited", trainer={"replicas": 2})
+    statuses = record_statuses(k, "edited")
+    document["spec"]["train"] = {"maxEpochs": 77}
+    document["spec"]["trainer"] = {"replicas": 3}
+
+    k.apply(document)
+
+    said = wait_for(
+        lambda: [e for e in events(k, "edited") if e["reason"] == "TrainingRestarts"], what="the event"
+    )
+    assert "spec.train.maxEpochs" in said[0]["message"]
+    assert "spec.trainer.replicas" in said[0]["message"]
+    assert said[0]["type"] == "Warning"
+    restarting = wait_for(
+        lambda: [
+            c
+            for status in list(statuses)
+            for c in status.get("conditions", [])
+            if c["type"] == "Restarting" and c["status"] == "True" and c["reason"] == "SpecChanged"
+        ],
+        what="the Restarting condition True with reason SpecChanged",
+    )
+    assert "spec.train.maxEpochs" in restarting[0]["message"]
+    wait_for(lambda: (k.get("rlj", "edited") or {}).get("status", {}).get("phase") == "Running")
+
+
+def test_scaling_the_eval_replicas_announces_no_training_restart(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+) -> None:
+    running(k, coordinators, "scaledonly")
+    k("scale", "rlj/scaledonly", "--replicas=3")
+    wait_for(lambda: (k.get("statefulset", "scaledonly-eval") or {}).get("spec", {}).get("replicas") == 3)
+    wait_for(lambda: [e for e in events(k, "scaledonly") if e["reason"] == "Scaled"], what="the Scaled event")
+    assert not [e for e in events(k, "scaledonly") if e["reason"] in ("TrainingRestarts", "SpecChanged")]
+
+
+def test_the_finalizer_an_older_operator_added_is_removed(
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+) -> None:
+    document = job_document("inherited")
+    document["metadata"]["finalizers"] = ["rlkube.io/finalizer"]
+    coordinators.report(k.namespace, "inherited", phase="Running", epoch=1, max_epochs=50)
+    k.apply(document)
+    wait_for(
+        lambda: (j := k.get("rlj", "inherited")) is not None and not j["metadata"].get("finalizers"),
+        what="the finalizer removed",
+    )
+    k("delete", "rlj", "inherited", "--timeout=20s")
