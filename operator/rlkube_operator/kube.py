@@ -24,6 +24,8 @@ PLURALS: dict[str, str] = {
     "StatefulSet": "statefulsets",
     "Pod": "pods",
     "NetworkPolicy": "networkpolicies",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "PodGroup": "podgroups",  # scheduling.volcano.sh and scheduling.x-k8s.io alike
     "RLJob": "rljobs",
 }
 

@@ -56,6 +56,19 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
         "the per-job NetworkPolicy when RLKUBE_NETWORK_POLICY is on (server-side apply)",
         only_with="RLKUBE_NETWORK_POLICY",
     ),
+    Rule(
+        ("policy",),
+        ("poddisruptionbudgets",),
+        ("create", "patch"),
+        "the train ranks' PodDisruptionBudget (server-side apply)",
+    ),
+    Rule(
+        ("scheduling.volcano.sh", "scheduling.x-k8s.io"),
+        ("podgroups",),
+        ("create", "patch"),
+        "the train gang's PodGroup for spec.scheduling.gang volcano or coscheduling (server-side apply); "
+        "granted even where those CRDs are not installed, which grants nothing",
+    ),
     Rule(("",), ("pods",), ("list",), "count train restarts from pod status"),
     Rule(
         ("",), ("events",), ("create",), "events for every transition and error (kopf posts core/v1 events)"

@@ -22,6 +22,7 @@ CHILDREN = [
     ("service", "{}-train"),
     ("service", "{}-coordinator"),
     ("service", "{}-eval"),
+    ("poddisruptionbudget", "{}-train"),
     ("statefulset", "{}-train"),
     ("statefulset", "{}-eval"),
 ]
@@ -244,9 +245,15 @@ def test_operator_serves_healthz_and_prometheus_metrics(operator: OperatorProces
 
 #: Listed in rbac.RULES but not exercised here: server-side apply creates objects with PATCH (some
 #: API servers and policy engines also check create), NetworkPolicies are off by default, and
-#: kopf watches namespaces only for glob namespace patterns.
+#: kopf watches namespaces only for glob namespace patterns; PodGroups only for gang-scheduled jobs
+#: (tests/scheduling renders them).
 NOT_EXERCISED = {
     ("apps", "statefulsets", "create"),
+    ("policy", "poddisruptionbudgets", "create"),
+    ("scheduling.volcano.sh", "podgroups", "create"),
+    ("scheduling.volcano.sh", "podgroups", "patch"),
+    ("scheduling.x-k8s.io", "podgroups", "create"),
+    ("scheduling.x-k8s.io", "podgroups", "patch"),
     ("", "services", "create"),
     ("", "configmaps", "create"),
     ("networking.k8s.io", "networkpolicies", "create"),

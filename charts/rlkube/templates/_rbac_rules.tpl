@@ -17,6 +17,12 @@
   resources: ["networkpolicies"]
   verbs: ["create", "patch"]
 {{- end }}
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "patch"]
+- apiGroups: ["scheduling.volcano.sh", "scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
