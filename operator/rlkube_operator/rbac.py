@@ -89,6 +89,12 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         ("list", "watch"),
         "kopf follows namespaces when RLKUBE_WATCH_NAMESPACES holds glob patterns",
     ),
+    Rule(
+        ("kopf.dev",),
+        ("clusterkopfpeerings",),
+        ("list", "watch", "patch"),
+        "leader election among operator replicas: kopf reads the peers and patches its keep-alive",
+    ),
 )
 
 RULES: tuple[Rule, ...] = NAMESPACED_RULES + CLUSTER_RULES

@@ -260,6 +260,10 @@ NOT_EXERCISED = {
     ("networking.k8s.io", "networkpolicies", "patch"),
     ("", "namespaces", "list"),
     ("", "namespaces", "watch"),
+    # Leader election: this module runs one standalone operator (tests/operator/test_leader_election.py).
+    ("kopf.dev", "clusterkopfpeerings", "list"),
+    ("kopf.dev", "clusterkopfpeerings", "watch"),
+    ("kopf.dev", "clusterkopfpeerings", "patch"),
 }
 
 

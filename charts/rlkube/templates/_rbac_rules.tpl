@@ -37,4 +37,7 @@
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
