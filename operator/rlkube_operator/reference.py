@@ -141,8 +141,9 @@ def operator_markdown() -> str:
         "`kubectl scale` adds rollout workers and `kubectl logs` reads the pods' logs (files under",
         "`runs/cluster/logs`). `--kubelet ready --simulate-training` runs nothing: pods are reported",
         "Ready and each job's coordinator is faked, so phases, columns and `kubectl wait` can be",
-        "watched in seconds. kubectl needs `--validate=false` for `apply` there (the emulator serves",
-        "no OpenAPI document).",
+        "watched in seconds. The emulator serves OpenAPI v3, so `kubectl apply` validates as against a",
+        "real API server (strict field validation: a misspelled field is refused) and `kubectl explain",
+        "rlj.spec` works.",
     ]
     lines += ["", "## RBAC", "", "Exactly what the operator uses (`operator/rlkube_operator/rbac.py`).", ""]
     lines += ["| scope | apiGroups | resources | verbs | why |", "|---|---|---|---|---|"]

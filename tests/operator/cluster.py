@@ -29,6 +29,7 @@ from types import FrameType
 
 from tests.operator.emulator.cluster import EmulatedCluster
 from tests.operator.emulator.controllers import Kubelet, ReadyKubelet
+from tests.operator.emulator.pod_run import BackOff
 from tests.operator.emulator.process_kubelet import ProcessKubelet
 from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess
 
@@ -91,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         "--simulate-training", action="store_true", help="fake each job's coordinator (--kubelet ready)"
     )
     parser.add_argument("--epoch-seconds", type=float, default=3.0, help="simulated seconds per epoch")
+    parser.add_argument(
+        "--backoff-speedup",
+        type=float,
+        default=1.0,
+        help="divide the kubelet's CrashLoopBackOff (10 s doubling to 5 min) by this (e.g. 10)",
+    )
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "cluster", help="kubeconfig and logs")
     args = parser.parse_args(argv)
     if args.kubelet is None:
@@ -102,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir.mkdir(parents=True)
     sockets = Path(tempfile.mkdtemp(prefix="rlk"))  # unix socket paths must stay short
     kubelet: Kubelet = (
-        ProcessKubelet(args.workdir, nodes=args.nodes, socket_dir=sockets)
+        ProcessKubelet(
+            args.workdir,
+            nodes=args.nodes,
+            socket_dir=sockets,
+            backoff=BackOff.kubelet(speedup=args.backoff_speedup),
+        )
         if args.kubelet == "process"
         else ReadyKubelet(args.nodes)
     )

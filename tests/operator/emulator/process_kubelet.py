@@ -16,8 +16,9 @@ pod that appears (the StatefulSet controller creates them) it
    the Events a kubelet posts (Scheduled, Started, BackOff, Killing, Failed).
 
 A container that exits is started again per ``restartPolicy`` (a StatefulSet's is Always) after
-a back-off (:class:`BackOff`, doubling: the kubelet's 10 s..5 min, shortened for tests), shown
-as ``CrashLoopBackOff``; every process left in its group is killed first, as a container's
+a back-off (:class:`BackOff`: the kubelet's 10 s doubling to 5 min by default;
+``BackOff.kubelet(speedup=N)`` or any ``BackOff(initial, cap)`` for tests), shown as
+``CrashLoopBackOff``; every process left in its group is killed first, as a container's
 cgroup would be. A deleted pod (scale-down, garbage collection, ``kubectl delete``) gets
 SIGTERM, then SIGKILL after its ``terminationGracePeriodSeconds`` (at most ``max_grace``); its
 emptyDirs go with it. The emulator removes a pod object at once, so a new pod of the same name
