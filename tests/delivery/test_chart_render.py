@@ -107,7 +107,7 @@ def test_operator_replicas_elect_a_leader_through_the_charts_peering_object() ->
     peering = only(objects, "ClusterKopfPeering")
     env = {e["name"]: e for e in operator_container(objects)["env"]}
     assert env["RLKUBE_PEERING"]["value"] == peering["metadata"]["name"]
-    assert env["RLKUBE_PEERING_LIFETIME"]["value"] == "10"
+    assert env["RLKUBE_PEERING_LIFETIME"]["value"] == "8"
     assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 

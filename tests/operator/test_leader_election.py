@@ -22,7 +22,7 @@ from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess, wait
 
 PEERING = "rlkube-ha"
 #: What a user of the chart gets: RLKUBE_PEERING_LIFETIME's default.
-LIFETIME = 10
+LIFETIME = 8
 #: The issue's promise: a killed leader is replaced within this many seconds.
 TAKEOVER_SECONDS = 15
 WRITES = ("create", "patch", "update", "delete")
@@ -47,7 +47,14 @@ def replicas(
         process.stop()
 
 
-def start(replicas: dict[str, OperatorProcess], name: str, cluster: EmulatedCluster, workdir: Path) -> None:
+def start(
+    replicas: dict[str, OperatorProcess],
+    name: str,
+    cluster: EmulatedCluster,
+    workdir: Path,
+    *,
+    env: dict[str, str] | None = None,
+) -> None:
     config = workdir / f"kubeconfig-{name}"
     config.write_text(yaml.safe_dump(kubeconfig(cluster.url, token=name)))
     sockets = workdir / "s"
@@ -55,7 +62,7 @@ def start(replicas: dict[str, OperatorProcess], name: str, cluster: EmulatedClus
         config,
         socket_dir=sockets,
         log=workdir / f"operator-{name}.log",
-        env={"RLKUBE_PEERING": PEERING, "RLKUBE_FIELD_MANAGER": name},
+        env={"RLKUBE_PEERING": PEERING, "RLKUBE_FIELD_MANAGER": name, **(env or {})},
     ).start()
 
 
@@ -80,8 +87,8 @@ def writes(cluster: EmulatedCluster, token: str) -> int:
     return cluster.call(count)
 
 
-def peers(k: Kubectl) -> dict[str, Any]:
-    peering = k.get("clusterkopfpeering", PEERING) or {}
+def peers(k: Kubectl, name: str = PEERING) -> dict[str, Any]:
+    peering = k.get("clusterkopfpeering", name) or {}
     return dict(peering.get("status") or {})
 
 
@@ -89,23 +96,32 @@ def applied(k: Kubectl, job: str) -> bool:
     return k.get("statefulset", f"{job}-train") is not None
 
 
+#: The chart's two modes: the whole cluster, or listed namespaces (a glob here: tests' namespaces
+#: are made per test); both elect through the one cluster-scoped peering object.
+SCOPES = {"cluster": {}, "namespaces": {"RLKUBE_WATCH_NAMESPACES": "t*"}}
+
+
+@pytest.mark.parametrize("scope", sorted(SCOPES))
 def test_one_replica_acts_and_the_other_takes_over_when_it_is_killed(
-    cluster: EmulatedCluster, k: Kubectl, replicas: dict[str, OperatorProcess], workdir: Path
+    cluster: EmulatedCluster, k: Kubectl, replicas: dict[str, OperatorProcess], workdir: Path, scope: str
 ) -> None:
-    k.apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}})
-    start(replicas, "op-a", cluster, workdir)
+    peering = f"{PEERING}-{scope}"  # one peering object per test: no records left by another
+    env = {**SCOPES[scope], "RLKUBE_PEERING": peering}
+    k.apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}})
+    a, b = f"op-a-{scope}", f"op-b-{scope}"
+    start(replicas, a, cluster, workdir, env=env)
     k.apply(job_document("first"))
     wait_for(lambda: applied(k, "first"), what="the first replica applies the first job")
 
-    start(replicas, "op-b", cluster, workdir)
-    wait_for(lambda: len(peers(k)) == 2, what="both replicas in the peering object")
+    start(replicas, b, cluster, workdir, env=env)
+    wait_for(lambda: len(peers(k, peering)) == 2, what="both replicas in the peering object")
     k.apply(job_document("second"))
     wait_for(lambda: applied(k, "second"), what="the acting replica applies the second job")
     wait_for(lambda: (k.get("rlj", "second") or {}).get("status"), what="status of the second job")
-    assert writes(cluster, "op-a") > 0
-    assert writes(cluster, "op-b") == 0, "the standby replica acted while the leader was alive"
+    assert writes(cluster, a) > 0
+    assert writes(cluster, b) == 0, "the standby replica acted while the leader was alive"
 
-    kill(replicas["op-a"])
+    kill(replicas[a])
     killed = time.monotonic()
     k.apply(job_document("third"))
     wait_for(
@@ -115,7 +131,7 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_is_killed(
         what=f"the standby takes over within {TAKEOVER_SECONDS}s of the leader's SIGKILL",
     )
     print(f"takeover after SIGKILL: {time.monotonic() - killed:.1f}s (keep-alive lifetime {LIFETIME}s)")
-    assert writes(cluster, "op-b") > 0
+    assert writes(cluster, b) > 0
     # The new leader also reconciles what the old one left: the jobs it never saw are served.
     wait_for(lambda: (k.get("rlj", "third") or {}).get("status"), what="status of the third job")
 
