@@ -38,7 +38,7 @@ EVAL_SCALED=3
 # tests/delivery/test_e2e_script.py checks them against what the operator renders).
 TRAIN_STS="$JOB-train"
 EVAL_STS="$JOB-eval"
-CHILDREN="configmap/$JOB-job service/$JOB-train service/$JOB-coordinator service/$JOB-eval statefulset/$JOB-train statefulset/$JOB-eval"
+CHILDREN="configmap/$JOB-job service/$JOB-train service/$JOB-coordinator service/$JOB-eval poddisruptionbudget/$JOB-train statefulset/$JOB-train statefulset/$JOB-eval"
 # The printer columns of `kubectl get rlj` (crds/rljob.yaml), after NAME.
 COLUMNS="PHASE TRAIN EVAL EPOCH PUBLISHED LOADED RETURN AGE"
 JOB_SELECTOR="rlkube.io/job-name=$JOB"

@@ -31,6 +31,8 @@ PLURALS: dict[str, str] = {
     "Pod": "pods",
     "NetworkPolicy": "networkpolicies",
     "Secret": "secrets",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "PodGroup": "podgroups",  # scheduling.volcano.sh and scheduling.x-k8s.io alike
     "RLJob": "rljobs",
     "Event": "events",
 }

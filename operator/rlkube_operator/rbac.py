@@ -63,6 +63,19 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
         only_with="RLKUBE_NETWORK_POLICY",
     ),
     Rule(
+        ("policy",),
+        ("poddisruptionbudgets",),
+        ("create", "patch"),
+        "the train ranks' PodDisruptionBudget (server-side apply)",
+    ),
+    Rule(
+        ("scheduling.volcano.sh", "scheduling.x-k8s.io"),
+        ("podgroups",),
+        ("create", "patch"),
+        "the train gang's PodGroup for spec.scheduling.gang volcano or coscheduling (server-side apply); "
+        "granted even where those CRDs are not installed, which grants nothing",
+    ),
+    Rule(
         ("",),
         ("pods",),
         ("list", "watch"),
@@ -86,6 +99,12 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         ("namespaces",),
         ("list", "watch"),
         "kopf follows namespaces when RLKUBE_WATCH_NAMESPACES holds glob patterns",
+    ),
+    Rule(
+        ("kopf.dev",),
+        ("clusterkopfpeerings",),
+        ("list", "watch", "patch"),
+        "leader election among operator replicas: kopf reads the peers and patches its keep-alive",
     ),
 )
 

@@ -14,6 +14,12 @@ Objects of a job ``J`` in namespace ``N`` (names from :mod:`rlkube.contract`):
 * Service ``J-eval`` (headless): the eval StatefulSet's governing Service.
 * StatefulSet ``J-train``: DDP ranks, ``Parallel`` pod management, rank from the pod-index label.
 * StatefulSet ``J-eval``: rollout workers; ``kubectl scale rlj/J`` changes only its replicas.
+* PodGroup ``J-train`` (``spec.scheduling.gang`` volcano or coscheduling): the train ranks as one
+  gang of ``trainer.replicas``, each with the label or annotation its scheduler reads; Kueue needs
+  no object of ours, only labels (on the train StatefulSet or on its pods). Eval pods never join.
+* PodDisruptionBudget ``J-train``: no voluntary eviction of a ready train rank
+  (``scheduling.disruptionBudget: false`` renders it with ``minAvailable: 0``, so turning it off
+  takes effect on a running job without the operator deleting anything).
 * NetworkPolicy ``J-train`` (when the operator enables it): only pods carrying ``rlkube.io/job-pod: J``
   (set on the operator's pod templates only; the CRD refuses ``rlkube.io/*`` labels in user
   overrides) and the operator reach the train ranks' ports.
@@ -41,14 +47,23 @@ import base64
 import copy
 import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from rlkube import contract as c
 from rlkube.contract import Role
-from rlkube.spec import PodSpecOverrides, RLJob, WeightStrategy
+from rlkube.spec import (
+    GangScheduler,
+    KueueIntegration,
+    PodSpecOverrides,
+    RLJob,
+    SchedulingSpec,
+    WeightStrategy,
+)
 
 from rlkube_operator.defaults import merged_role, with_pod_defaults
+from rlkube_operator.quantity import gang_requests, pod_requests
 from rlkube_operator.settings import RenderSettings
 
 ANNOTATION_SPEC_HASH = "rlkube.io/spec-hash"
@@ -78,11 +93,15 @@ def network_policy_name(job: str) -> str:
 
 def render(job: RLJob, settings: RenderSettings, *, stopped: bool = False) -> list[dict[str, Any]]:
     """Every object of the job, in apply order. ``stopped`` scales both StatefulSets to zero."""
+    pod_group = render_pod_group(job, settings)
     objects = [
         render_config_map(job, settings),
         render_train_service(job, settings),
         render_coordinator_service(job, settings),
         render_eval_service(job, settings),
+        # The PodGroup before the pods that name it: the scheduler then never sees an orphan rank.
+        *([pod_group] if pod_group is not None else []),
+        render_train_disruption_budget(job, settings, stopped=stopped),
         render_train_statefulset(job, settings, stopped=stopped),
         render_eval_statefulset(job, settings, stopped=stopped),
     ]
@@ -98,6 +117,9 @@ def job_document(job: RLJob) -> dict[str, Any]:
     """The manifest the pods read: the spec without ``evaluator.replicas`` and without server fields."""
     spec = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     spec.get("evaluator", {}).pop("replicas", None)
+    if job.spec.scheduling == SchedulingSpec():
+        # Left out when default, so the spec hash of jobs that never asked for a gang is unchanged.
+        spec.pop("scheduling", None)
     # Labels and annotations stay out: relabelling a job must not roll its pods.
     metadata = {"name": job.name, "namespace": job.namespace}
     return {"apiVersion": job.api_version, "kind": job.kind, "metadata": metadata, "spec": spec}
@@ -463,17 +485,22 @@ def render_pod_template(job: RLJob, role: Role, settings: RenderSettings) -> dic
         spec["tolerations"] = tolerations
     if pod.affinity:
         spec["affinity"] = copy.deepcopy(pod.affinity)
+    gang = gang_pod_metadata(job, pod) if role is Role.TRAIN else GangPodMetadata()
     for key, value in (
         ("priorityClassName", pod.priority_class_name),
-        ("schedulerName", pod.scheduler_name),
+        ("schedulerName", gang.scheduler_name or pod.scheduler_name),
         ("serviceAccountName", pod.service_account_name),
     ):
         if value:
             spec[key] = value
     return {
         "metadata": {
-            "labels": {**pod.labels, **role_labels(job, role), **job_pod_labels(job)},
-            "annotations": {**pod.annotations, ANNOTATION_SPEC_HASH: spec_hash(job, settings)},
+            "labels": {**pod.labels, **gang.labels, **role_labels(job, role), **job_pod_labels(job)},
+            "annotations": {
+                **pod.annotations,
+                **gang.annotations,
+                ANNOTATION_SPEC_HASH: spec_hash(job, settings),
+            },
         },
         "spec": spec,
     }
@@ -505,10 +532,13 @@ def health_probes() -> dict[str, Any]:
 def _statefulset(
     job: RLJob, role: Role, settings: RenderSettings, *, name: str, service: str, replicas: int
 ) -> dict[str, Any]:
+    metadata = _metadata(job, settings, name, role)
+    if role is Role.TRAIN:
+        metadata["labels"].update(gang_statefulset_labels(job))
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _metadata(job, settings, name, role),
+        "metadata": metadata,
         "spec": {
             "replicas": replicas,
             "serviceName": service,
@@ -541,3 +571,130 @@ def render_eval_statefulset(job: RLJob, settings: RenderSettings, *, stopped: bo
         service=eval_service_name(job.name),
         replicas=0 if stopped else job.spec.evaluator.replicas,
     )
+
+
+# Gang scheduling and disruption budget -------------------------------------------------------
+
+#: Where each gang scheduler reads a pod's group, from the projects' own API packages:
+#: volcano-sh/apis pkg/apis/scheduling/v1beta1/labels.go (KubeGroupNameAnnotationKey),
+#: scheduler-plugins apis/scheduling/v1alpha1/types.go (PodGroupLabel), kueue
+#: pkg/controller/constants (QueueLabel) and pkg/controller/jobs/pod/constants (GroupNameLabel,
+#: GroupTotalCountAnnotation).
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_GROUP_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+#: The scheduler that serves each gang when trainer.schedulerName is unset: Volcano's own name, and
+#: the name scheduler-plugins' Helm chart gives its second scheduler.
+GANG_SCHEDULER_NAME = {
+    GangScheduler.VOLCANO: "volcano",
+    GangScheduler.COSCHEDULING: "scheduler-plugins-scheduler",
+}
+POD_GROUP_API = {
+    GangScheduler.VOLCANO: "scheduling.volcano.sh/v1beta1",
+    GangScheduler.COSCHEDULING: "scheduling.x-k8s.io/v1alpha1",
+}
+
+
+def pod_group_name(job: str) -> str:
+    """The train gang's PodGroup (Volcano, coscheduling) or Kueue pod group."""
+    return f"{job}-train"
+
+
+def disruption_budget_name(job: str) -> str:
+    return f"{job}-train"
+
+
+@dataclass(frozen=True)
+class GangPodMetadata:
+    """What a train pod carries so its gang scheduler finds its group."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    scheduler_name: str | None = None
+
+
+def _train_pod(job: RLJob, settings: RenderSettings) -> PodSpecOverrides:
+    return merged_role(job.spec.trainer, settings.pod_defaults.for_role(Role.TRAIN))
+
+
+def gang_pod_metadata(job: RLJob, train_pod: PodSpecOverrides) -> GangPodMetadata:
+    """Labels, annotations and scheduler of a train pod for ``spec.scheduling.gang``."""
+    scheduling = job.spec.scheduling
+    gang = scheduling.gang
+    scheduler = train_pod.scheduler_name or GANG_SCHEDULER_NAME.get(gang)
+    group = pod_group_name(job.name)
+    if gang is GangScheduler.VOLCANO:
+        return GangPodMetadata(annotations={VOLCANO_GROUP_ANNOTATION: group}, scheduler_name=scheduler)
+    if gang is GangScheduler.COSCHEDULING:
+        return GangPodMetadata(labels={COSCHEDULING_GROUP_LABEL: group}, scheduler_name=scheduler)
+    if gang is GangScheduler.KUEUE and scheduling.kueue_integration is KueueIntegration.POD:
+        return GangPodMetadata(
+            labels={KUEUE_QUEUE_LABEL: str(scheduling.queue), KUEUE_GROUP_LABEL: group},
+            annotations={KUEUE_GROUP_TOTAL_ANNOTATION: str(job.spec.trainer.replicas)},
+        )
+    return GangPodMetadata()
+
+
+def gang_statefulset_labels(job: RLJob) -> dict[str, str]:
+    """Labels of the train StatefulSet itself: Kueue's statefulset integration reads the queue there."""
+    scheduling = job.spec.scheduling
+    if (
+        scheduling.gang is GangScheduler.KUEUE
+        and scheduling.kueue_integration is KueueIntegration.STATEFULSET
+    ):
+        return {KUEUE_QUEUE_LABEL: str(scheduling.queue)}
+    return {}
+
+
+def render_pod_group(job: RLJob, settings: RenderSettings) -> dict[str, Any] | None:
+    """The train gang as a Volcano or scheduler-plugins PodGroup; None for other gangs.
+
+    ``minMember`` is every rank (DDP cannot start with fewer) and ``minResources`` what they request
+    together, so the scheduler admits the gang only where all of it fits.
+    """
+    scheduling = job.spec.scheduling
+    api = POD_GROUP_API.get(scheduling.gang)
+    if api is None:
+        return None
+    pod = _train_pod(job, settings)
+    members = job.spec.trainer.replicas
+    spec: dict[str, Any] = {"minMember": members}
+    requests = pod_requests(pod.resources.requests, pod.resources.limits)
+    if requests:
+        spec["minResources"] = gang_requests(requests, members)
+    if scheduling.gang is GangScheduler.VOLCANO:
+        if scheduling.queue:
+            spec["queue"] = scheduling.queue
+        if pod.priority_class_name:
+            spec["priorityClassName"] = pod.priority_class_name
+    elif scheduling.schedule_timeout_seconds is not None:
+        spec["scheduleTimeoutSeconds"] = scheduling.schedule_timeout_seconds
+    return {
+        "apiVersion": api,
+        "kind": "PodGroup",
+        "metadata": _metadata(job, settings, pod_group_name(job.name), Role.TRAIN),
+        "spec": spec,
+    }
+
+
+def render_train_disruption_budget(
+    job: RLJob, settings: RenderSettings, *, stopped: bool = False
+) -> dict[str, Any]:
+    """No voluntary eviction of a ready train rank (one lost rank stops all of them).
+
+    ``unhealthyPodEvictionPolicy: AlwaysAllow`` lets a drain evict a rank that is not ready (a
+    crash-looping one would otherwise block the drain for good).
+    """
+    keep = 0 if stopped or not job.spec.scheduling.disruption_budget else job.spec.trainer.replicas
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(job, settings, disruption_budget_name(job.name), Role.TRAIN),
+        "spec": {
+            "minAvailable": keep,
+            "selector": {"matchLabels": role_labels(job, Role.TRAIN)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }

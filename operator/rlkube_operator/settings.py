@@ -110,6 +110,14 @@ class OperatorSettings:
     log_level: str = "info"
     #: Field manager name for server-side apply (RLKUBE_FIELD_MANAGER).
     field_manager: str = "rlkube-operator"
+    #: Name of the ClusterKopfPeering object the replicas elect a leader through (RLKUBE_PEERING);
+    #: empty: standalone, one replica only. The chart sets it (see docs/operations.md, HA).
+    peering: str = ""
+    #: Seconds a replica's keep-alive stays valid (RLKUBE_PEERING_LIFETIME). A killed leader is
+    #: replaced this long after its last keep-alive (kopf renews it 5 to 10 s before it runs out,
+    #: so 8 s means a keep-alive every 1 to 3 s, one patch of one small object); with the time the
+    #: standby takes to resume, a killed leader is replaced within about 11 s.
+    peering_lifetime: int = 8
 
     def coordinator_target(self, job: str, namespace: str) -> str:
         return self.coordinator_address.format(job=job, namespace=namespace, port=COORDINATOR_PORT)
@@ -140,6 +148,10 @@ ENV_VARS: dict[str, str] = {
     "RLKUBE_WORKERS": "threads for blocking API and gRPC calls (default 8)",
     "RLKUBE_LOG_LEVEL": "debug, info, warning or error (default info)",
     "RLKUBE_FIELD_MANAGER": "server-side apply field manager (default rlkube-operator)",
+    "RLKUBE_PEERING": "ClusterKopfPeering name for leader election among replicas; empty: standalone",
+    "RLKUBE_PEERING_LIFETIME": "seconds a replica's keep-alive stays valid; a killed leader's successor "
+    "waits this long (default 8)",
+    "POD_ID": "this replica's name in the peering object (read by kopf; the chart sets the pod name)",
 }
 
 
@@ -260,6 +272,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:
         workers=number("RLKUBE_WORKERS", base.workers, minimum=1, integer=True),
         log_level=log_level,
         field_manager=text("RLKUBE_FIELD_MANAGER", base.field_manager),
+        peering=env.get("RLKUBE_PEERING", "").strip(),
+        peering_lifetime=number("RLKUBE_PEERING_LIFETIME", base.peering_lifetime, minimum=2, integer=True),
     )
     if settings.watch_client_timeout <= settings.watch_server_timeout:
         problems.append("RLKUBE_WATCH_CLIENT_TIMEOUT must be longer than RLKUBE_WATCH_SERVER_TIMEOUT")

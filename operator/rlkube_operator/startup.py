@@ -1,5 +1,9 @@
 """Operator start-up: every setting applied in one place (:func:`configure`), servers started.
 
+High availability is kopf's peering: every replica runs, exactly one acts (the oldest live one),
+the others are paused by kopf itself (no watch, no handler, no timer) until it is gone. See
+:func:`peering_priority` and docs/operations.md.
+
 I/O. ``rlkube operator`` imports :mod:`rlkube_operator.handlers`, whose ``@kopf.on.startup``
 handler calls :func:`configure` and :func:`start`; ``@kopf.on.cleanup`` calls :func:`stop`.
 """
@@ -8,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from typing import Any
 
 import kopf
@@ -39,7 +45,36 @@ def configure(kopf_settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     # Our own events say what happened; kopf posts only its warnings and errors.
     kopf_settings.posting.level = logging.WARNING
     kopf_settings.execution.max_workers = ours.workers
-    kopf_settings.peering.standalone = True
+    configure_peering(kopf_settings, ours, started=time.time())
+
+
+def peering_priority(started: float, *, tie_breaker: int) -> int:
+    """The older replica has the higher priority: a replica that starts later never preempts.
+
+    kopf pauses every operator that sees a live peer of higher (or equal) priority, and a new
+    replica is paused from its first look at the peering object, so an operator that starts while
+    another acts waits; it takes over only when the acting one is gone (it removes its record on
+    SIGTERM; a killed one's record runs out after RLKUBE_PEERING_LIFETIME). ``tie_breaker``
+    (0..999) separates two replicas started in the same millisecond, which would otherwise both
+    pause.
+    """
+    return -(int(started * 1000) * 1000 + tie_breaker)
+
+
+def configure_peering(
+    kopf_settings: kopf.OperatorSettings, ours: OperatorSettings, *, started: float
+) -> None:
+    """Leader election by kopf's peering (one ClusterKopfPeering per release), or standalone."""
+    if not ours.peering:
+        kopf_settings.peering.standalone = True
+        return
+    kopf_settings.peering.standalone = False
+    kopf_settings.peering.mandatory = True  # paused until the peering object is seen, never unpeered
+    kopf_settings.peering.clusterwide = True  # one object, whichever namespaces the operator serves
+    kopf_settings.peering.name = ours.peering
+    kopf_settings.peering.lifetime = ours.peering_lifetime
+    kopf_settings.peering.priority = peering_priority(started, tie_breaker=random.randrange(1000))
+    kopf_settings.peering.stealth = True  # keep-alives are not logged
 
 
 async def start(
@@ -53,7 +88,8 @@ async def start(
     memo.metrics_server = await metrics.start_server(port=ours.metrics_port)
     logger.info(
         f"rlkube operator: namespaces {', '.join(ours.namespaces) or 'all'}, "
-        f"metrics and /healthz on :{ours.metrics_port}, status every {ours.status_interval}s"
+        f"metrics and /healthz on :{ours.metrics_port}, status every {ours.status_interval}s, "
+        + (f"leader election through ClusterKopfPeering {ours.peering}" if ours.peering else "standalone")
     )
 
 

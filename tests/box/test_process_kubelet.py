@@ -133,7 +133,7 @@ def test_an_exiting_container_restarts_with_growing_back_off_and_is_counted(box:
         e["message"] for e in events if e["involvedObject"]["name"] == "crash-0" and e["reason"] == "BackOff"
     ]
     delays = [float(re.match(r"Back-off ([\d.]+)s", m)[1]) for m in back_offs]
-    assert delays[:3] == [0.5, 1.0, 2.0]  # doubling from BackOff.initial, capped at BackOff.cap
+    assert delays[:3] == [0.5, 1.0, 2.0]  # doubling from RestartBackOff.initial, capped at .cap
     assert all(d == 2.0 for d in delays[3:])
     assert all("exit code 3" in m for m in back_offs)
     # kubectl logs: the container now and the one before its last restart.

@@ -62,8 +62,9 @@ def deployment_env(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
             env[entry["name"]] = entry["value"]
             continue
         field = entry["valueFrom"]["fieldRef"]["fieldPath"]
-        assert field == "metadata.namespace", f"{entry['name']}: unexpected source {entry['valueFrom']}"
-        env[entry["name"]] = NAMESPACE
+        downward = {"metadata.namespace": NAMESPACE, "metadata.name": "rlkube-operator-5d9c7-x2x4q"}
+        assert field in downward, f"{entry['name']}: unexpected source {entry['valueFrom']}"
+        env[entry["name"]] = downward[field]
     return env
 
 

@@ -59,8 +59,11 @@ def test_every_rendered_object_is_valid_for_kubernetes_1_29_to_1_35(values: Valu
             if problem:
                 problems.append(problem)
     assert not problems, "\n".join(problems)
-    # Only the Prometheus Operator's ServiceMonitor has no built-in schema; it is checked below.
-    assert unchecked <= {"monitoring.coreos.com/v1/ServiceMonitor"}, unchecked
+    # Only the Prometheus Operator's ServiceMonitor and the peering object have no built-in schema;
+    # both are checked below.
+    assert unchecked <= {"monitoring.coreos.com/v1/ServiceMonitor", "kopf.dev/v1/ClusterKopfPeering"}, (
+        unchecked
+    )
 
 
 def test_installed_kubernetes_validate_has_schemas_for_every_version_tested() -> None:
@@ -78,17 +81,53 @@ def test_chart_refuses_kubernetes_older_than_1_29() -> None:
 def test_default_install_renders_the_operator_and_its_plumbing() -> None:
     kinds = sorted(o["kind"] for o in render(DEFAULT))
     expected = ["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding"]
+    expected += ["ClusterKopfPeering", "PodDisruptionBudget"]
     assert kinds == sorted([*expected, "Service", "Deployment", "NetworkPolicy"])
     for document in render(DEFAULT):
         if document["kind"] in ("ServiceAccount", "Service", "Deployment", "NetworkPolicy"):
             assert document["metadata"]["namespace"] == NAMESPACE
 
 
-def test_operator_runs_one_replica_replaced_with_recreate() -> None:
+def test_operator_runs_two_replicas_rolled_one_at_a_time_with_a_disruption_budget() -> None:
     for values in VALUE_SETS:
-        deployment = only(render(values), "Deployment")
-        assert deployment["spec"]["replicas"] == 1
-        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+        objects = render(values)
+        deployment = only(objects, "Deployment")
+        assert deployment["spec"]["replicas"] == 2
+        assert deployment["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+        budget = only(objects, "PodDisruptionBudget")
+        assert budget["spec"]["maxUnavailable"] == 1
+        assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+def test_operator_replicas_elect_a_leader_through_the_charts_peering_object() -> None:
+    objects = render(DEFAULT)
+    peering = only(objects, "ClusterKopfPeering")
+    env = {e["name"]: e for e in operator_container(objects)["env"]}
+    assert env["RLKUBE_PEERING"]["value"] == peering["metadata"]["name"]
+    assert env["RLKUBE_PEERING_LIFETIME"]["value"] == "8"
+    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_the_peering_object_fits_the_peering_crd_the_chart_installs() -> None:
+    import jsonschema
+
+    crd = yaml.safe_load((CHART / "crds" / "kopf-peering.yaml").read_text())
+    assert crd == yaml.safe_load((CHART.parent.parent / "crds" / "kopf-peering.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    peering = only(render(DEFAULT), "ClusterKopfPeering")
+    assert peering["apiVersion"] == f"{crd['spec']['group']}/{version['name']}"
+    assert crd["spec"]["scope"] == "Cluster"
+    assert "namespace" not in peering["metadata"]
+    jsonschema.validate(peering, version["schema"]["openAPIV3Schema"])
+
+
+def test_one_operator_replica_has_no_disruption_budget() -> None:
+    objects = render(ValueSet("single", sets=("operator.replicas=1",)))
+    assert only(objects, "Deployment")["spec"]["replicas"] == 1
+    assert not find(objects, "PodDisruptionBudget")
 
 
 def test_operator_runs_rlkube_operator_under_the_images_entrypoint() -> None:

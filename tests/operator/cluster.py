@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from rlkube.launch.processes import RestartBackOff
+
 from tests.operator.emulator.cluster import EmulatedCluster
 from tests.operator.emulator.controllers import Kubelet, ReadyKubelet
 from tests.operator.emulator.process_kubelet import ProcessKubelet
@@ -91,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         "--simulate-training", action="store_true", help="fake each job's coordinator (--kubelet ready)"
     )
     parser.add_argument("--epoch-seconds", type=float, default=3.0, help="simulated seconds per epoch")
+    parser.add_argument(
+        "--backoff-speedup",
+        type=float,
+        default=1.0,
+        help="divide the kubelet's CrashLoopBackOff (10 s doubling to 5 min) by this (e.g. 10)",
+    )
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "cluster", help="kubeconfig and logs")
     args = parser.parse_args(argv)
     if args.kubelet is None:
@@ -102,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir.mkdir(parents=True)
     sockets = Path(tempfile.mkdtemp(prefix="rlk"))  # unix socket paths must stay short
     kubelet: Kubelet = (
-        ProcessKubelet(args.workdir, nodes=args.nodes, socket_dir=sockets)
+        ProcessKubelet(
+            args.workdir,
+            nodes=args.nodes,
+            socket_dir=sockets,
+            backoff=RestartBackOff.kubelet(speedup=args.backoff_speedup),
+        )
         if args.kubelet == "process"
         else ReadyKubelet(args.nodes)
     )

@@ -1,8 +1,8 @@
 """Processes for the operator tests: the real operator, the real kubectl, fake coordinators.
 
 * :class:`OperatorProcess` runs ``python -m rlkube.cli operator -A`` against an emulated cluster.
-* :func:`kubectl` runs /usr/bin/kubectl with the cluster's kubeconfig (``--validate=false`` where
-  it matters: the emulator serves no OpenAPI document).
+* :func:`kubectl` runs /usr/bin/kubectl with the cluster's kubeconfig (the emulator serves
+  OpenAPI v3, so kubectl's default validation works; older tests still pass ``--validate=false``).
 * :class:`FakeCoordinators` serves ``PolicyGroup.GetStatus`` on one unix socket per job, with a
   report each test sets (the operator finds it through RLKUBE_COORDINATOR_ADDRESS).
 * :func:`wait_for` polls a condition with a generous deadline (no sleep-and-assert).

@@ -23,6 +23,7 @@ CHILDREN = [
     ("service", "{}-train"),
     ("service", "{}-coordinator"),
     ("service", "{}-eval"),
+    ("poddisruptionbudget", "{}-train"),
     ("statefulset", "{}-train"),
     ("statefulset", "{}-eval"),
 ]
@@ -259,9 +260,15 @@ def test_operator_serves_healthz_and_prometheus_metrics(operator: OperatorProces
 
 #: Listed in rbac.RULES but not exercised here: server-side apply creates objects with PATCH (some
 #: API servers and policy engines also check create), NetworkPolicies are off by default, and
-#: kopf watches namespaces only for glob namespace patterns.
+#: kopf watches namespaces only for glob namespace patterns; PodGroups only for gang-scheduled jobs
+#: (tests/scheduling renders them).
 NOT_EXERCISED = {
     ("apps", "statefulsets", "create"),
+    ("policy", "poddisruptionbudgets", "create"),
+    ("scheduling.volcano.sh", "podgroups", "create"),
+    ("scheduling.volcano.sh", "podgroups", "patch"),
+    ("scheduling.x-k8s.io", "podgroups", "create"),
+    ("scheduling.x-k8s.io", "podgroups", "patch"),
     ("", "services", "create"),
     ("", "configmaps", "create"),
     ("", "secrets", "create"),  # server-side apply creates it: audited as patch
@@ -269,6 +276,10 @@ NOT_EXERCISED = {
     ("networking.k8s.io", "networkpolicies", "patch"),
     ("", "namespaces", "list"),
     ("", "namespaces", "watch"),
+    # Leader election: this module runs one standalone operator (tests/operator/test_leader_election.py).
+    ("kopf.dev", "clusterkopfpeerings", "list"),
+    ("kopf.dev", "clusterkopfpeerings", "watch"),
+    ("kopf.dev", "clusterkopfpeerings", "patch"),
 }
 
 

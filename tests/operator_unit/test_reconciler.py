@@ -71,6 +71,7 @@ def test_reconcile_applies_every_object_in_order() -> None:
         "Service",
         "Service",
         "Service",
+        "PodDisruptionBudget",
         "StatefulSet",
         "StatefulSet",
     ]

@@ -47,6 +47,9 @@ def test_every_variable_is_read() -> None:
         "RLKUBE_WORKERS": "4",
         "RLKUBE_LOG_LEVEL": "debug",
         "RLKUBE_FIELD_MANAGER": "me",
+        "RLKUBE_PEERING": "rlkube-system-rlkube-operator",
+        "RLKUBE_PEERING_LIFETIME": "12",
+        "POD_ID": "rlkube-operator-5d9c7-x2x4q",
     }
     assert set(env) == set(ENV_VARS)
     s = load_settings(env)
@@ -62,6 +65,7 @@ def test_every_variable_is_read() -> None:
     assert s.coordinator_target("j", "n") == "unix:///run/n.j.sock"
     assert (s.watch_server_timeout, s.watch_client_timeout, s.api_timeout, s.workers) == (100, 120, 15.0, 4)
     assert (s.log_level, s.field_manager) == ("debug", "me")
+    assert (s.peering, s.peering_lifetime) == ("rlkube-system-rlkube-operator", 12)
 
 
 def test_bad_values_are_all_named_at_once() -> None:

@@ -135,14 +135,14 @@ def test_the_defaulted_job_keeps_its_identity_and_status() -> None:
 
 
 def test_changed_defaults_roll_the_pods_and_the_config_map_keeps_the_job_as_written() -> None:
-    before = r.render(job(), settings({}))
-    after = r.render(job(), settings())
+    before = r.render_eval_statefulset(job(), settings({}))
+    after = r.render_eval_statefulset(job(), settings())
     key = r.ANNOTATION_SPEC_HASH
     assert (
-        before[-1]["spec"]["template"]["metadata"]["annotations"][key]
-        != (after[-1]["spec"]["template"]["metadata"]["annotations"][key])
+        before["spec"]["template"]["metadata"]["annotations"][key]
+        != (after["spec"]["template"]["metadata"]["annotations"][key])
     )
-    assert before[0]["data"] == after[0]["data"]
+    assert r.render_config_map(job(), settings({}))["data"] == r.render_config_map(job(), settings())["data"]
 
 
 def test_defaults_reach_the_operator_as_one_json_setting() -> None:

@@ -33,7 +33,7 @@ def by_kind_name(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[st
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
-def test_a_job_renders_config_map_three_services_and_two_statefulsets() -> None:
+def test_a_job_renders_config_map_three_services_two_statefulsets_and_a_train_budget() -> None:
     objects = by_kind_name(r.render(job(), SETTINGS))
     assert set(objects) == {
         ("ConfigMap", "cartpole-job"),
@@ -42,6 +42,7 @@ def test_a_job_renders_config_map_three_services_and_two_statefulsets() -> None:
         ("Service", "cartpole-eval"),
         ("StatefulSet", "cartpole-train"),
         ("StatefulSet", "cartpole-eval"),
+        ("PodDisruptionBudget", "cartpole-train"),
     }
 
 
@@ -288,8 +289,8 @@ def test_scaling_eval_changes_only_eval_replicas_and_no_hash() -> None:
     after = r.render(job(evaluator={"replicas": 5}), SETTINGS)
     changed = [(a["kind"], a["metadata"]["name"]) for a, b in zip(before, after, strict=True) if a != b]
     assert changed == [("StatefulSet", "cartpole-eval")]
-    eval_after = after[5]
-    eval_before = copy.deepcopy(before[5])
+    eval_after = by_kind_name(after)[("StatefulSet", "cartpole-eval")]
+    eval_before = copy.deepcopy(by_kind_name(before)[("StatefulSet", "cartpole-eval")])
     eval_before["spec"]["replicas"] = 5
     assert eval_after == eval_before
 

@@ -42,6 +42,13 @@ class RestartBackOff:
     cap: float = 300.0
     reset_after: float = 600.0
 
+    @classmethod
+    def kubelet(cls, *, speedup: float = 1.0) -> RestartBackOff:
+        """The kubelet's figures, each divided by ``speedup`` (20: 0.5 s doubling to 15 s)."""
+        if speedup <= 0:
+            raise ValueError("speedup must be positive")
+        return cls(initial=10.0 / speedup, cap=300.0 / speedup, reset_after=600.0 / speedup)
+
     def delay(self, failures: int) -> float:
         return min(self.cap, self.initial * 2 ** max(0, failures - 1))
 

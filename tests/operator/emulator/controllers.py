@@ -2,8 +2,10 @@
 
 * :class:`StatefulSetController` creates pods ``<sts>-<i>`` from the template (with the
   ``apps.kubernetes.io/pod-index`` and ``statefulset.kubernetes.io/pod-name`` labels and an owner
-  reference), deletes pods above ``replicas`` and pods of an older template revision, and keeps
-  the StatefulSet's status (replicas, readyReplicas, revisions, observedGeneration).
+  reference), deletes pods above ``replicas``, replaces pods of an older template revision one at
+  a time as ``RollingUpdate`` does (highest ordinal first, each after the one above is Ready;
+  ``partition`` and ``OnDelete`` honoured), and keeps the StatefulSet's status (replicas,
+  readyReplicas, current and updated replicas and revisions, observedGeneration).
 * :class:`DanglingOwnerCollector` deletes objects created with owners that are already gone.
 * a kubelet turns pods into running ones. :class:`ReadyKubelet` binds each pod to a simulated
   node and reports it Running and Ready at once, and can simulate a container crash (restart
@@ -91,10 +93,9 @@ class StatefulSetController:
             for p in self.store.items(self.pod_type, namespace)
             if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
         }
-        for pod_name, pod in list(pods.items()):
+        for pod_name in list(pods):
             ordinal = _ordinal(name, pod_name)
-            outdated = pod["metadata"].get("labels", {}).get(LABEL_REVISION) != revision
-            if ordinal is None or ordinal >= desired or outdated:
+            if ordinal is None or ordinal >= desired:
                 self.store.delete(self.pod_type, namespace, pod_name)
                 del pods[pod_name]
         for ordinal in range(desired):
@@ -103,15 +104,22 @@ class StatefulSetController:
                 pods[pod_name] = self.store.create(
                     self.pod_type, namespace, self._pod(sts, ordinal, revision), keep_status=True
                 )
+        victim = rolling_update_victim(sts, pods, revision=revision)
+        if victim is not None:
+            # Its replacement is created on the delete event's reconcile, with the new template.
+            self.store.delete(self.pod_type, namespace, victim)
+            del pods[victim]
         ready = sum(1 for p in pods.values() if _is_ready(p))
+        updated = sum(1 for p in pods.values() if _revision(p) == revision)
+        previous = (sts.get("status") or {}).get("currentRevision") or revision
         status = {
             "observedGeneration": sts["metadata"].get("generation", 1),
             "replicas": len(pods),
             "readyReplicas": ready,
             "availableReplicas": ready,
-            "currentReplicas": len(pods),
-            "updatedReplicas": len(pods),
-            "currentRevision": revision,
+            "currentReplicas": len(pods) if updated == len(pods) else len(pods) - updated,
+            "updatedReplicas": updated,
+            "currentRevision": revision if updated == len(pods) else previous,
             "updateRevision": revision,
             "collisionCount": 0,
         }
@@ -158,6 +166,36 @@ class StatefulSetController:
             "spec": spec,
             "status": {"phase": "Pending"},
         }
+
+
+def _revision(pod: dict[str, Any]) -> str | None:
+    labels: dict[str, str] = pod["metadata"].get("labels") or {}
+    return labels.get(LABEL_REVISION)
+
+
+def rolling_update_victim(
+    sts: dict[str, Any], pods: dict[str, dict[str, Any]], *, revision: str
+) -> str | None:
+    """The one pod a ``RollingUpdate`` replaces now, as Kubernetes' StatefulSet controller picks it.
+
+    From the highest ordinal down to ``partition``: the first pod of an older revision is deleted
+    (healthy or not); an updated pod that is not Ready yet (or not created yet) stops the walk, so
+    pods are replaced one at a time, each after the one above it is Ready. ``OnDelete``: never.
+    """
+    strategy = sts["spec"].get("updateStrategy") or {}
+    if strategy.get("type") == "OnDelete":
+        return None
+    partition = int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
+    name = sts["metadata"]["name"]
+    for ordinal in range(int(sts["spec"].get("replicas", 1)) - 1, partition - 1, -1):
+        pod = pods.get(f"{name}-{ordinal}")
+        if pod is None:
+            return None
+        if _revision(pod) != revision and not pod["metadata"].get("deletionTimestamp"):
+            return f"{name}-{ordinal}"
+        if not _is_ready(pod):
+            return None
+    return None
 
 
 def _ordinal(sts_name: str, pod_name: str) -> int | None:

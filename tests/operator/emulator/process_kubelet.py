@@ -21,10 +21,11 @@ pod that appears (the StatefulSet controller creates them) it
    written and the exit code is not 0; :mod:`.termination`).
 
 A container that exits is started again per ``restartPolicy`` (a StatefulSet's is Always) after
-a back-off (:class:`~rlkube.launch.processes.RestartBackOff`, doubling: the kubelet's 10 s..5 min,
-shortened for tests), shown as ``CrashLoopBackOff``; every process left in its group is killed
-first, as a container's cgroup would be. A deleted pod (scale-down, garbage collection, ``kubectl delete``)
-gets SIGTERM, then SIGKILL after its ``terminationGracePeriodSeconds`` (at most ``max_grace``); its
+a back-off (:class:`~rlkube.launch.processes.RestartBackOff`: the kubelet's 10 s doubling to 5 min
+by default; ``RestartBackOff.kubelet(speedup=N)`` or any ``RestartBackOff(initial, cap)`` for
+tests), shown as ``CrashLoopBackOff``; every process left in its group is killed first, as a
+container's cgroup would be. A deleted pod (scale-down, garbage collection, ``kubectl delete``) gets
+SIGTERM, then SIGKILL after its ``terminationGracePeriodSeconds`` (at most ``max_grace``); its
 emptyDirs go with it. The emulator removes a pod object at once, so a new pod of the same name
 (a StatefulSet's replacement) is held in ``ContainerCreating`` until the old processes are
 gone, which is the ordering a real StatefulSet keeps.
@@ -82,7 +83,7 @@ class ProcessKubelet:
         *,
         nodes: int = 2,
         socket_dir: Path | None = None,
-        backoff: RestartBackOff = RestartBackOff(initial=1.0, cap=10.0, reset_after=60.0),
+        backoff: RestartBackOff = RestartBackOff(),
         max_grace: float = 30.0,
         close_grace: float = 15.0,
         poll_interval: float = 0.2,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -33,7 +34,7 @@ import kmock
 import yaml
 from kmock._internal import dsl, enums, parsing, rendering
 
-from tests.operator.emulator import patches
+from tests.operator.emulator import openapi, patches
 from tests.operator.emulator.resources import ResourceType
 from tests.operator.emulator.selectors import SelectorError, object_matcher, selector_string
 from tests.operator.emulator.store import Store, api_error, now_rfc3339
@@ -146,7 +147,7 @@ class Emulator(kmock.KubernetesEmulator):
         self.store = Store(self._objects)
         self.fallback[self._is_resource_request] << self._serve
         self.fallback["get", "/openapi/v2"] << kmock.KubernetesNotFoundError
-        self.fallback["get", "/openapi/v3"] << kmock.KubernetesNotFoundError
+        self.fallback["get", re.compile(r"/openapi/v3(/.*)?")] << self._serve_openapi_v3
         for ns in ("default", "kube-system"):
             namespaces = self.store.find("", "v1", "namespaces")
             assert namespaces is not None
@@ -257,6 +258,17 @@ class Emulator(kmock.KubernetesEmulator):
             "groupVersion": f"{group}/{version}" if group else version,
             "resources": [entry for t in types for entry in t.discovery()],
         }
+
+    async def _serve_openapi_v3(self, request: rendering.Request) -> dict[str, Any]:
+        """``/openapi/v3`` (the index) and ``/openapi/v3/apis/<group>/<version>`` (one document)."""
+        path = request.url.path.removeprefix("/openapi/v3").strip("/")
+        types = list(self.store.types.values())
+        if not path:
+            return openapi.index(types)
+        members = openapi.by_group_version(types).get(path)
+        if not members:
+            raise api_error(404, "NotFound", f"the server could not find the requested resource ({path})")
+        return openapi.document(members)
 
     # Resources -------------------------------------------------------------------------------------
 
@@ -386,8 +398,8 @@ class Emulator(kmock.KubernetesEmulator):
         if method == "POST" and request.name is None:
             if rtype.namespaced and ns is None:
                 raise api_error(405, "MethodNotAllowed", "create needs a namespace in the path")
-            strict = request.params.get("fieldValidation") == "Strict"
-            return json_answer(self.store.create(rtype, ns, request.data, strict=strict), status=201)
+            created = self.store.create(rtype, ns, request.data, strict=_strict(request))
+            return json_answer(created, status=201)
         if method == "PUT" and request.name:
             return self._replace(request, rtype, ns)
         if method == "PATCH" and request.name:
@@ -548,7 +560,12 @@ class Emulator(kmock.KubernetesEmulator):
             replicas = (body.get("spec") or {}).get("replicas")
             return self._set_replicas(rtype, ns, request.name, replicas)
         return self.store.update(
-            rtype, ns, request.name, lambda live: copy.deepcopy(body), subresource=request.subresource
+            rtype,
+            ns,
+            request.name,
+            lambda live: copy.deepcopy(body),
+            subresource=request.subresource,
+            strict=_strict(request),
         )
 
     def _patch(self, request: rendering.Request, rtype: ResourceType, ns: str | None) -> Any:
@@ -565,13 +582,14 @@ class Emulator(kmock.KubernetesEmulator):
             if self.store.get(rtype, ns, request.name) is None and sub is None:
                 applied = patches.server_side_apply(None, body, manager=manager, now=now_rfc3339())
                 applied.setdefault("metadata", {})["name"] = request.name
-                return json_answer(self.store.create(rtype, ns, applied), status=201)
+                return json_answer(self.store.create(rtype, ns, applied, strict=_strict(request)), status=201)
             return self.store.update(
                 rtype,
                 ns,
                 request.name,
                 lambda live: patches.server_side_apply(live, body, manager=manager, now=now_rfc3339()),
                 subresource=sub,
+                strict=_strict(request),
             )
 
         if content_type == "application/merge-patch+json":
@@ -600,7 +618,12 @@ class Emulator(kmock.KubernetesEmulator):
             scale = self._guarded(apply_patch, self._scale_of(rtype, live), body)
             return self._set_replicas(rtype, ns, request.name, (scale.get("spec") or {}).get("replicas"))
         return self.store.update(
-            rtype, ns, request.name, lambda live: self._guarded(apply_patch, live, body), subresource=sub
+            rtype,
+            ns,
+            request.name,
+            lambda live: self._guarded(apply_patch, live, body),
+            subresource=sub,
+            strict=_strict(request),
         )
 
     @staticmethod
@@ -651,6 +674,11 @@ class Emulator(kmock.KubernetesEmulator):
 
         updated = self.store.update(rtype, ns, name, change)
         return self._scale_of(rtype, updated)
+
+
+def _strict(request: rendering.Request) -> bool:
+    """``?fieldValidation=Strict`` (what kubectl sends by default): unknown fields are an error."""
+    return request.params.get("fieldValidation") == "Strict"
 
 
 def _get_path(obj: Any, path: str) -> Any:

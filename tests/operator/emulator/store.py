@@ -26,6 +26,7 @@ from typing import Any
 import kmock
 
 from tests.operator.emulator import schema as crdschema
+from tests.operator.emulator import validation
 from tests.operator.emulator.resources import BUILTINS, ResourceType, from_crd
 
 #: Versions of one object kept in kmock's history (tests look at recent ones; memory stays flat).
@@ -43,6 +44,25 @@ def now_rfc3339() -> str:
 def api_error(status: int, reason: str, message: str, **details: Any) -> kmock.KubernetesError:
     return kmock.KubernetesError(
         status=status, reason=reason, message=message, details=details or {"causes": []}
+    )
+
+
+def invalid_error(rtype: ResourceType, obj: dict[str, Any], problems: list[str]) -> kmock.KubernetesError:
+    """422 Invalid, worded as the API server words it, one cause per problem."""
+    group = f".{rtype.group}" if rtype.group else ""
+    name = obj.get("metadata", {}).get("name", "")
+    causes = [
+        {"reason": "FieldValueInvalid", "field": p.split(":", 1)[0], "message": p.split(": ", 1)[-1]}
+        for p in problems
+    ]
+    message = f'{rtype.kind}{group} "{name}" is invalid: ' + (
+        problems[0] if len(problems) == 1 else "[" + ", ".join(problems) + "]"
+    )
+    return kmock.KubernetesError(
+        status=422,
+        reason="Invalid",
+        message=message,
+        details={"name": name, "group": rtype.group, "kind": rtype.kind, "causes": causes},
     )
 
 
@@ -273,6 +293,9 @@ class Store:
         return obj
 
     def _admit(self, rtype: ResourceType, obj: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
+        invalid = validation.problems(rtype.kind, obj)
+        if invalid:
+            raise invalid_error(rtype, obj, invalid)
         if rtype.schema is None:
             return obj
         unknown = crdschema.unknown_fields(rtype.schema, {k: v for k, v in obj.items() if k != "metadata"})
@@ -281,21 +304,7 @@ class Store:
             raise api_error(400, "BadRequest", f"strict decoding error: {quoted}")
         stored, problems = crdschema.admit(rtype.schema, obj)
         if problems:
-            group = f".{rtype.group}" if rtype.group else ""
-            name = obj.get("metadata", {}).get("name", "")
-            causes = [
-                {"reason": "FieldValueInvalid", "field": p.split(":", 1)[0], "message": p.split(": ", 1)[-1]}
-                for p in problems
-            ]
-            message = f'{rtype.kind}{group} "{name}" is invalid: ' + (
-                problems[0] if len(problems) == 1 else "[" + ", ".join(problems) + "]"
-            )
-            raise kmock.KubernetesError(
-                status=422,
-                reason="Invalid",
-                message=message,
-                details={"name": name, "group": rtype.group, "kind": rtype.kind, "causes": causes},
-            )
+            raise invalid_error(rtype, obj, problems)
         return stored
 
     def _admit_status(self, rtype: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,147 @@
+"""kubectl validates against the emulator as against a real API server: no ``--validate=false``.
+
+The emulator publishes OpenAPI v3 (``/openapi/v3``), so kubectl's default ``--validate=strict``
+asks the server to decode strictly and a typo is refused by the server, naming the field;
+``kubectl explain`` reads the RLJob schema from the same documents. Pods and StatefulSets are
+checked as the API server checks them (labels, quantities, requests within limits).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import yaml
+
+from tests.operator.conftest import Kubectl, job_document
+from tests.operator.harness import ROOT
+
+EXAMPLE = ROOT / "examples" / "rljob.yaml"
+
+
+def apply(k: Kubectl, document: dict[str, Any] | str, *extra: str) -> Any:
+    """``kubectl apply`` exactly as a user types it: kubectl's default validation."""
+    text = document if isinstance(document, str) else yaml.safe_dump(document)
+    return k("apply", *extra, "-f", "-", input=text, check=False)
+
+
+def test_the_example_applies_with_kubectls_default_validation(k: Kubectl) -> None:
+    result = k("apply", "-f", str(EXAMPLE), check=False)
+    assert result.returncode == 0, result.stderr
+    name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+    assert k.get("rlj", name) is not None
+
+
+def test_a_typo_in_a_new_job_is_refused_naming_the_field(k: Kubectl) -> None:
+    document = job_document("typo", evaluator={"replica": 3})
+    result = apply(k, document)
+    assert result.returncode != 0
+    assert 'strict decoding error: unknown field "spec.evaluator.replica"' in result.stderr
+    assert k.get("rlj", "typo") is None
+
+
+def test_a_typo_in_an_update_is_refused_and_the_job_is_unchanged(k: Kubectl) -> None:
+    document = job_document("edited")
+    assert apply(k, document).returncode == 0
+    before = k.get("rlj", "edited")
+    changed = copy.deepcopy(document)
+    changed["spec"]["evaluator"]["replica"] = 3
+    result = apply(k, changed)
+    assert 'unknown field "spec.evaluator.replica"' in result.stderr
+    after = k.get("rlj", "edited")
+    assert before is not None
+    assert after is not None
+    assert after["spec"] == before["spec"]
+
+
+def test_server_side_apply_is_strict_too(k: Kubectl) -> None:
+    result = apply(k, job_document("ssa", train={"maxEpoch": 3}), "--server-side")
+    assert result.returncode != 0
+    assert 'unknown field "spec.train.maxEpoch"' in result.stderr
+
+
+def test_without_strict_validation_the_unknown_field_is_pruned(k: Kubectl) -> None:
+    result = apply(k, job_document("lenient", evaluator={"replica": 3}), "--validate=false")
+    assert result.returncode == 0, result.stderr
+    job = k.get("rlj", "lenient")
+    assert job is not None
+    assert "replica" not in job["spec"]["evaluator"]
+
+
+def test_explain_describes_the_rljob_spec_from_the_servers_schema(k: Kubectl) -> None:
+    spec = k("explain", "rlj.spec").stdout
+    assert "KIND:       RLJob" in spec
+    assert "VERSION:    v1alpha1" in spec
+    for field in ("engine", "env", "evaluator", "trainer", "scheduling", "runPolicy"):
+        assert f"  {field}\t<" in spec, field
+    gang = k("explain", "rlj.spec.scheduling.gang").stdout
+    assert "ENUM:" in gang
+    assert "coscheduling" in gang
+
+
+def test_explain_of_an_unknown_field_fails_as_kubectl_does(k: Kubectl) -> None:
+    result = k("explain", "rlj.spec.evaluator.replica", check=False)
+    assert result.returncode != 0
+    assert 'field "replica" does not exist' in result.stderr
+
+
+def statefulset(**container: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {
+            "serviceName": "web",
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox", **container}]},
+            },
+        },
+    }
+
+
+def test_a_valid_statefulset_applies(k: Kubectl) -> None:
+    resources = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    result = apply(k, statefulset(resources=resources))
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_request_above_its_limit_is_invalid(k: Kubectl) -> None:
+    result = apply(k, statefulset(resources={"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}))
+    assert result.returncode != 0
+    assert 'The StatefulSet "web" is invalid' in result.stderr
+    assert "spec.template.spec.containers[0].resources.requests" in result.stderr
+    assert "must be less than or equal to cpu limit of 1500m" in result.stderr
+
+
+def test_a_malformed_quantity_is_invalid(k: Kubectl) -> None:
+    result = apply(k, statefulset(resources={"limits": {"memory": "lots"}}))
+    assert result.returncode != 0
+    assert "resources.limits[memory]" in result.stderr
+    assert "quantities must match the regular expression" in result.stderr
+
+
+def test_a_bad_label_and_a_selector_that_misses_the_template_are_invalid(k: Kubectl) -> None:
+    document = statefulset()
+    document["spec"]["template"]["metadata"]["labels"] = {"app": "other", "team": "rl team"}
+    result = apply(k, document)
+    assert result.returncode != 0
+    assert "spec.template.metadata.labels" in result.stderr
+    assert '"rl team"' in result.stderr
+    assert "`selector` does not match template `labels`" in result.stderr
+
+
+def test_openapi_index_lists_a_document_per_group_version(k: Kubectl) -> None:
+    index = json.loads(k("get", "--raw", "/openapi/v3").stdout)
+    assert {"api/v1", "apis/apps/v1", "apis/rlkube.io/v1alpha1"} <= set(index["paths"])
+    url = index["paths"]["apis/rlkube.io/v1alpha1"]["serverRelativeURL"]
+    document = json.loads(k("get", "--raw", url).stdout)
+    (rljob,) = [
+        s
+        for s in document["components"]["schemas"].values()
+        if {"group": "rlkube.io", "version": "v1alpha1", "kind": "RLJob"}
+        in s.get("x-kubernetes-group-version-kind", [])
+    ]
+    assert "scheduling" in rljob["properties"]["spec"]["properties"]
