@@ -337,6 +337,13 @@ class Reconciler:
             count = sum(int(s.get("restartCount", 0)) for s in statuses)
             restarts[pod["metadata"]["uid"]] = PodRestarts(_pod_rank(pod["metadata"]), count)
             current_ready += _ready(pod)
+        eval_restarts = {}
+        for pod in eval_pods:
+            if not _current(pod, digest):
+                continue
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            count = sum(int(s.get("restartCount", 0)) for s in statuses)
+            eval_restarts[pod["metadata"]["uid"]] = PodRestarts(_pod_rank(pod["metadata"]), count)
         failures: dict[tuple[str, str | None], PodFailure] = {}
         for pod in [*pods, *eval_pods]:
             if _current(pod, digest):
@@ -346,6 +353,7 @@ class Reconciler:
             train=_role(train),
             eval=_role(evals),
             train_pod_restarts=restarts,
+            eval_pod_restarts=eval_restarts,
             failures=tuple(failures.values()),
             train_current_ready=current_ready if pods else None,
         )

@@ -34,7 +34,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from rlkube import run_policy
-from rlkube.contract import LABEL_JOB, LABEL_ROLE, PERMANENT_FAILURES, FailureReason, Role
+from rlkube.contract import (
+    LABEL_JOB,
+    LABEL_ROLE,
+    PERMANENT_FAILURES,
+    FailureReason,
+    Role,
+    eval_statefulset_name,
+)
 from rlkube.run_policy import PodRestarts, RestartLedger
 from rlkube.spec import RLJob
 
@@ -83,6 +90,7 @@ class Reason(StrEnum):
     TRAINING_FINISHED = "TrainingFinished"
     NOT_FINISHED = "NotFinished"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    EVAL_BACKOFF_LIMIT_EXCEEDED = "EvalBackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     TRAINING_FAILED = "TrainingFailed"
     INVALID_SPEC = "InvalidSpec"
@@ -150,6 +158,15 @@ class EvalStatus(_Status):
     ready_replicas: int = Field(0, description="Eval pods that are ready.")
     ready: str = Field("0/0", description="ready/desired, for printer columns.")
     selector: str = Field("", description="Label selector of the eval pods (scale subresource, HPA).")
+    restarts: int = Field(
+        0, description="Restarts of the most-restarted eval replica, checked against evalBackoffLimit."
+    )
+    pod_restarts: dict[str, int] = Field(
+        default_factory=dict, description="Bookkeeping: restart count last seen per live eval pod uid."
+    )
+    replica_restarts: dict[str, int] = Field(
+        default_factory=dict, description="Bookkeeping: restarts per eval replica, across its pods."
+    )
 
 
 class NodeWeightStatus(_Status):
@@ -233,6 +250,8 @@ class Children:
     eval: RoleObservation = RoleObservation()
     #: Each live train pod, by uid: its rank and restartCount summed over its containers.
     train_pod_restarts: Mapping[str, PodRestarts] = field(default_factory=dict)
+    #: Each live eval pod, by uid: its replica index and restartCount summed over its containers.
+    eval_pod_restarts: Mapping[str, PodRestarts] = field(default_factory=dict)
     #: Failures the job's pods reported (termination messages), any order.
     failures: tuple[PodFailure, ...] = ()
     #: Ready train pods that run the current spec; None: not observed (counts as ``train.ready``).
@@ -357,11 +376,18 @@ def derive_status(
         pod_restarts=dict(ledger.last_seen),
         rank_restarts={str(rank): count for rank, count in sorted(ledger.per_rank.items())},
     )
+    eval_ledger = RestartLedger(
+        {int(i): n for i, n in previous.eval.replica_restarts.items()}, dict(previous.eval.pod_restarts)
+    ).observe(children.eval_pod_restarts)
+    eval_restarts = eval_ledger.group_restarts  # the most-restarted replica
     evals = EvalStatus(
         replicas=children.eval.current,
         ready_replicas=children.eval.ready,
         ready=f"{children.eval.ready}/{eval_desired}",
         selector=eval_selector(job.name),
+        restarts=eval_restarts,
+        pod_restarts=dict(eval_ledger.last_seen),
+        replica_restarts={str(i): n for i, n in sorted(eval_ledger.per_rank.items())},
     )
     progress = _progress(previous.progress, report)
 
@@ -416,6 +442,19 @@ def derive_status(
             Phase.FAILED,
             Reason.BACKOFF_LIMIT_EXCEEDED,
             run_policy.backoff_message(restarts, spec.run_policy.backoff_limit) + why,
+        )
+    elif run_policy.backoff_exceeded(eval_restarts, spec.run_policy.eval_backoff_limit):
+        replica = max(eval_ledger.per_rank, key=lambda i: eval_ledger.per_rank[i])
+        why = f"; last failure: {last_failure.reason}: {last_failure.message}" if last_failure else ""
+        terminal = (
+            Phase.FAILED,
+            Reason.EVAL_BACKOFF_LIMIT_EXCEEDED,
+            run_policy.eval_backoff_message(
+                f"{eval_statefulset_name(job.name)}-{replica}",
+                eval_restarts,
+                spec.run_policy.eval_backoff_limit,
+            )
+            + why,
         )
     elif (
         not suspended

@@ -12,6 +12,9 @@ at the sixth, on a cluster (where one crash shows as one restart on each of the 
 ``rlkube run`` (which restarts the group itself) alike. Kubeflow's training operator sums
 container restarts over pods instead, which makes the limit depend on the replica count.
 
+**Eval backoff.** An eval worker restarts alone (the others and training go on), so
+``evalBackoffLimit`` is checked per replica: the most-restarted replica, across its replaced pods.
+
 **Deadline.** ``activeDeadlineSeconds`` runs from the job's (last) start; it is due the moment the
 time has passed, and :func:`due_in` says how long until then so a caller can wake up on time.
 
@@ -73,6 +76,14 @@ def backoff_exceeded(group_restarts: int, backoff_limit: int) -> bool:
 def backoff_message(group_restarts: int, backoff_limit: int) -> str:
     return (
         f"the train group restarted {group_restarts} times, more than runPolicy.backoffLimit {backoff_limit}"
+    )
+
+
+def eval_backoff_message(pod: str, restarts: int, eval_backoff_limit: int) -> str:
+    """An eval replica restarts on its own (a crash does not take the others down): each counts alone."""
+    return (
+        f"eval worker {pod} restarted {restarts} times, more than runPolicy.evalBackoffLimit "
+        f"{eval_backoff_limit}"
     )
 
 

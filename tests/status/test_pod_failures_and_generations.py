@@ -159,3 +159,46 @@ def test_the_next_decision_is_the_ttl_of_a_finished_job_or_the_deadline_of_a_run
         seconds=60
     )
     assert next_decision(job(running.status)) is None
+
+
+EVAL_CRASH = PodFailure(
+    "j-eval-0",
+    "PolicyError",
+    "RuntimeError: rollout_step broke\n  in rollout_step (my.py:3)",
+    False,
+    1,
+    "2026-01-01T12:00:20Z",
+)
+
+
+def test_an_eval_worker_restarting_past_eval_backoff_limit_fails_the_job_with_its_error() -> None:
+    status = derive_status(job(runPolicy={"evalBackoffLimit": 2}), READY, TRAINING, now=T0).status
+    for count, moment in ((1, 10), (2, 20)):
+        crashing = Children(
+            train=READY.train,
+            eval=READY.eval,
+            eval_pod_restarts={"e0": PodRestarts(0, count), "e1": PodRestarts(1, 0)},
+            failures=(EVAL_CRASH,),
+        )
+        at = T0 + timedelta(seconds=moment)
+        status = derive_status(
+            job(status, runPolicy={"evalBackoffLimit": 2}), crashing, TRAINING, now=at
+        ).status
+        assert status["phase"] == "Running"  # an eval restart never restarts training
+        assert status["eval"]["restarts"] == count
+    third = Children(
+        train=READY.train,
+        eval=READY.eval,
+        eval_pod_restarts={"e0b": PodRestarts(0, 1), "e1": PodRestarts(1, 0)},  # the pod was replaced
+        failures=(EVAL_CRASH,),
+    )
+    failed = derive_status(
+        job(status, runPolicy={"evalBackoffLimit": 2}), third, TRAINING, now=T0 + timedelta(seconds=30)
+    ).status
+    assert failed["phase"] == "Failed"
+    reason = condition(failed, "Failed")
+    assert reason["reason"] == "EvalBackoffLimitExceeded"
+    expected = "eval worker cartpole-eval-0 restarted 3 times, more than runPolicy.evalBackoffLimit 2"
+    assert expected in reason["message"]
+    assert "RuntimeError: rollout_step broke" in reason["message"]  # the policy's error, not just a count
+    assert failed["train"]["restarts"] == 0

@@ -310,9 +310,8 @@ class Supervisor:
                 failure = last_failure(proc)
                 return Outcome(
                     1,
-                    f"{proc.name} exited with code {code} {failures} times; eval backoff limit {limit} "
-                    f"reached (runPolicy.evalBackoffLimit).\n--- last lines of {proc.log_path}:\n"
-                    f"{tail(proc.log_path)}",
+                    f"{run_policy.eval_backoff_message(proc.name, failures, limit)} (last exit code {code})."
+                    f"\n--- last lines of {proc.log_path}:\n{tail(proc.log_path)}",
                     failure,
                 )
             self.eval_restarts += 1
