@@ -8,9 +8,27 @@ import torch
 from rlkube.coordinator.journal import AckJournal
 from rlkube.coordinator.state import Coordinator
 from rlkube.coordinator.tasks import TaskSpec
+from rlkube.data.fragment import Fragment
+from tensordict import TensorDict
 
 from tests.data.test_buffers import fragment
 from tests.engine.jobs import tiny_job
+
+
+def pushed_fragment(tag: float, *, num_envs: int = 4, steps: int = 8) -> Fragment:
+    """A fragment the coordinator's edge accepts for ``tiny_job`` (its keys, its [numEnvs, T])."""
+    n, t = num_envs, steps
+    data = TensorDict(
+        {
+            "observation": torch.full((n, t, 4), tag),
+            "reward": torch.full((n, t), tag),
+            "terminated": torch.zeros(n, t, dtype=torch.bool),
+            "truncated": torch.zeros(n, t, dtype=torch.bool),
+            "next_observation": torch.full((n, t, 4), tag),
+        },
+        batch_size=[n, t],
+    )
+    return Fragment(data=data, episode_returns=(tag,), episode_lengths=(int(tag) + 1,), weight_version=0)
 
 
 def coordinator_with_journal(directory: Path) -> Coordinator:
@@ -24,7 +42,7 @@ def collect(coordinator: Coordinator, worker_id: str, count: int, *, tag: float)
         task = coordinator.lease(worker_id, wait_seconds=0)
         assert isinstance(task, TaskSpec)
         assert coordinator.push(
-            task_id=task.task_id, worker_id=worker_id, fragment=fragment(tag + i)
+            task_id=task.task_id, worker_id=worker_id, fragment=pushed_fragment(tag + i)
         ).accepted
 
 
