@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.cluster import LocalRun, write_job
+from tests.runtime.slow_env import ENV_ID as SLOW_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -17,14 +18,28 @@ def test_no_acknowledged_fragment_is_lost_or_collected_twice_over_a_rank_0_kill(
     local_run, tmp_path: Path
 ) -> None:
     epochs = 12
-    run = LocalRun(
-        write_job(tmp_path, train__maxEpochs=epochs, train__saveInterval=4, runPolicy__backoffLimit=2),
-        tmp_path / "run",
+    # The env's hold file is the handshake: while it exists rollouts wait, so the kill lands mid-run
+    # however fast the machine (a quiet one trains these 12 epochs in a few seconds).
+    hold = tmp_path / "hold"
+    job = write_job(
+        tmp_path,
+        train__maxEpochs=epochs,
+        train__saveInterval=4,
+        runPolicy__backoffLimit=2,
+        env__id=SLOW_ENV,
+        env__imports=["tests.runtime.slow_env"],
+        env__kwargs={"hold_file": str(hold)},
     )
+    run = LocalRun(job, tmp_path / "run")
     local_run.append(run)
     # Past the checkpoint of epoch 4, with trained and acknowledged fragments it does not hold.
     run.wait_until(lambda s: s.epoch >= 6, timeout=300, what="epoch 6")
+    hold.touch()
+    held = run.status()
+    assert held is not None
+    assert held.epoch < epochs
     os.kill(run.pid_of("small-train-0"), signal.SIGKILL)
+    hold.unlink()
     assert run.wait(timeout=400) == 0, run.output[1]
     summary = run.summary()
     per_epoch = 256 // (4 * 16)  # stepsPerEpoch / (numEnvs * fragmentLength)

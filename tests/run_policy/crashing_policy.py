@@ -12,7 +12,7 @@ from typing import Any
 from rlkube.policy.builtin.ppo import PPO
 from rlkube.utils.registry import POLICIES
 
-CRASH_EXIT_CODE = 3
+CRASH_EXIT_CODE = 7  # not 1 (a Python error), 2 (refused) or 3 (a disk fault): a plain crash
 
 
 @POLICIES.register("RankOneCrashingPPO")
