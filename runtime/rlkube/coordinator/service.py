@@ -124,9 +124,9 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
             check_name("worker_id", request.worker_id)
             check_name("reason", request.reason)
             self.coordinator.deregister(request.worker_id, reason=request.reason)
-            logger.info(
-                "eval worker %s left (%s)", _short(request.worker_id), request.reason or "deregistered"
-            )
+            # The public name only (``pod#n``): the rest of a worker id is what proves it holds its leases.
+            public = request.worker_id.partition(".")[0]
+            logger.info("eval worker %s left (%s)", _short(public), request.reason or "deregistered")
             return pb.DeregisterResponse()
 
         return answer(context, leave)

@@ -217,7 +217,7 @@ class EvalWorker:
             # A new worker loads the newest weights before its first step.
             self.min_version = max(self.min_version, response.latest.version)
             self._registered.set()
-            logger.info("registered as %s on %s", self.worker_id, self.env.node_name)
+            logger.info("registered as %s on %s", self.worker_id.partition(".")[0], self.env.node_name)
             return True
         return False
 
