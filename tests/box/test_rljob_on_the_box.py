@@ -230,9 +230,26 @@ def test_a_killed_train_rank_restarts_in_its_pod_and_the_job_resumes_from_its_ch
         what="epoch 6",
     )
     killed = k.get("pod", f"{NAME}-train-1")
+    seen = box.record("Pod")  # every write of a pod, in order: the first restart's status among them
     os.kill(pid_of(killed), signal.SIGKILL)
 
     # The kubelet restarts the container in the same pod (rank 0 fails with it: its peer is gone).
+    # The first restart's lastState is the kill; later ones (a restarted rank that finds its peers
+    # still restarting may exit again) replace it, so it is read at the first restart.
+    def restarts_of_train_1() -> int:
+        live = k.get("pod", f"{NAME}-train-1") or {}
+        return int(live.get("status", {}).get("containerStatuses", [{}])[0].get("restartCount", 0))
+
+    wait_for(lambda: restarts_of_train_1() >= 1, timeout=120, interval=0.1, what="train-1 restarted")
+    first = next(
+        e.obj
+        for e in seen
+        if e.obj["metadata"]["name"] == f"{NAME}-train-1"
+        and (e.obj.get("status", {}).get("containerStatuses") or [{}])[0].get("restartCount") == 1
+    )
+    assert first["metadata"]["uid"] == killed["metadata"]["uid"]
+    assert first["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
+
     def restarted() -> dict[str, Any] | None:
         live = k.get("pod", f"{NAME}-train-1")
         status = (live or {}).get("status", {}).get("containerStatuses", [{}])[0]
@@ -240,7 +257,6 @@ def test_a_killed_train_rank_restarts_in_its_pod_and_the_job_resumes_from_its_ch
 
     live = wait_for(restarted, timeout=120, what="train-1 restarted and ready")
     assert live["metadata"]["uid"] == killed["metadata"]["uid"]
-    assert live["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
     result = kubectl(
         box.cluster.kubeconfig,
         "-n",

@@ -101,6 +101,9 @@ class Coordinator:
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     #: Sync engines: acknowledged fragments are journalled here before the worker hears so.
     journal: AckJournal | None = None
+    #: A journal write that failed (a full or read-only disk): the engine ends the run with it,
+    #: since no fragment can be acknowledged any more (``rlkube.engine.trainer``).
+    journal_error: OSError | None = None
     #: Live members at most (a registration past it is refused RESOURCE_EXHAUSTED).
     max_members: int = MAX_MEMBERS
     #: Registrations admitted: a burst, then a steady rate (see ``coordinator.edge``).
@@ -257,7 +260,12 @@ class Coordinator:
             else:
                 assert fragment is not None
                 if self.journal is not None:  # durable before it is acknowledged
-                    self.journal.record(epoch=task.epoch, fragment=fragment)
+                    try:
+                        self.journal.record(epoch=task.epoch, fragment=fragment)
+                    except OSError as exc:
+                        self.journal_error = exc
+                        self._cond.notify_all()
+                        raise
                 added = self.buffer.add(task_id, fragment)
                 if added is AddResult.FULL:  # cannot happen while the board bounds the work; be safe
                     self.board.release_worker(worker_id)

@@ -26,6 +26,7 @@ from rlkube.coordinator.wire import batch_from_proto
 from rlkube.data.replay_buffer import ReplayBuffer
 from rlkube.data.rollout_buffer import EpochBatch
 from rlkube.engine.checkpoint import POLICY_FILE, CheckpointStore, TrainerProgress
+from rlkube.engine.disk import DiskFault, is_disk_error
 from rlkube.engine.failure import NON_FINITE_WEIGHTS, NonFiniteWeights, non_finite_parameter, write_failure
 from rlkube.engine.ranks import Command, Op, RankChannel
 from rlkube.engine.report import EpochRecord, RunObserver, RunSummary, notify
@@ -224,6 +225,13 @@ class RankZeroEngine:
             if self.ctx.stop.is_set():
                 raise Stopped(what)
             batch = self.coordinator.wait_batch(timeout=1.0)
+            failed = self.coordinator.journal_error
+            if failed is not None:  # nothing can be acknowledged any more: end the run, one line
+                if is_disk_error(failed):
+                    journal = self.coordinator.journal
+                    where = failed.filename or (journal.directory if journal is not None else "?")
+                    raise DiskFault("checkpoint journal", where, failed) from failed
+                raise failed
             if batch is not None:
                 if waited > 5:
                     self.coordinator.update(message="")
