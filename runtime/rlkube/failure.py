@@ -8,24 +8,19 @@ the innermost frame of the traceback that is neither rlkube's nor an installed p
 standard library's, and name the stage by the BasePolicy method it ran in (``rollout_step`` ->
 reason ``RolloutStepFailed``) or ``EnvFailed`` when the env group called it.
 
-:meth:`Failure.termination_message` is the text for a Kubernetes termination message (at most
-4096 bytes: the first line is ``reason: message``, then the JSON of the failure), and
-:func:`parse_termination_message` reads it back, so the operator can put ``reason`` and
-``message`` into the RLJob's ``Failed`` condition.
+:class:`Failure` is what the console and ``summary.json`` show. What a pod tells the kubelet
+(its termination message, read by the operator) is :class:`rlkube.contract.TerminationMessage`,
+written by :mod:`rlkube.launch.termination` from this failure's ``reason`` and ``message``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sysconfig
 import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-
-#: Kubernetes keeps at most this many bytes of a termination message.
-TERMINATION_MESSAGE_LIMIT = 4096
 
 #: BasePolicy methods a user writes or overrides; a frame in one of them names the stage.
 POLICY_METHODS = (
@@ -90,44 +85,6 @@ class Failure:
         data = asdict(self)
         data["message"] = self.message
         return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, object]) -> Failure:
-        frame = data.get("frame")
-        return cls(
-            reason=str(data.get("reason", "Failed")),
-            exception=str(data.get("exception", "")),
-            detail=str(data.get("detail", "")),
-            frame=Frame(**frame) if isinstance(frame, dict) else None,
-            pod=str(data["pod"]) if data.get("pod") else None,
-        )
-
-    def termination_message(self) -> str:
-        """``reason: message`` on the first line, then this failure as JSON; at most 4096 bytes."""
-        head = f"{self.reason}: {self.message}"
-        body = json.dumps(self.to_json(), separators=(",", ":"))
-        text = f"{head}\n{body}"
-        if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:
-            return text
-        return head.encode()[: TERMINATION_MESSAGE_LIMIT - 3].decode(errors="ignore") + "..."
-
-
-def parse_termination_message(text: str) -> Failure | None:
-    """A Failure from :meth:`Failure.termination_message` (also a truncated one); None for other text."""
-    lines = text.strip().splitlines()
-    if not lines:
-        return None
-    if len(lines) >= 2:
-        try:
-            data = json.loads(lines[-1])
-        except ValueError:
-            data = None
-        if isinstance(data, dict) and "reason" in data:
-            return Failure.from_json(data)
-    reason, _, rest = lines[0].partition(": ")
-    if not re.fullmatch(r"[A-Z][A-Za-z]+", reason):
-        return None
-    return Failure(reason=reason, exception="", detail=rest or reason)
 
 
 def describe_exception(exc: BaseException, *, pod: str | None = None) -> Failure:
@@ -228,5 +185,4 @@ __all__ = [
     "describe_exception",
     "failure_from_log",
     "format_console",
-    "parse_termination_message",
 ]

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import traceback
 
-from rlkube.failure import (
-    TERMINATION_MESSAGE_LIMIT,
-    describe_exception,
-    failure_from_log,
-    parse_termination_message,
-)
+from rlkube.failure import describe_exception, failure_from_log
 
 
 class Broken(Exception):
@@ -52,19 +47,3 @@ def test_the_traceback_a_process_printed_gives_the_same_failure() -> None:
         )
     assert failure_from_log(printed) == live
     assert failure_from_log("no traceback here") is None
-
-
-def test_the_termination_message_fits_kubernetes_and_reads_back() -> None:
-    try:
-        call_policy()
-    except Broken as exc:
-        failure = describe_exception(exc, pod="job-eval-3")
-    text = failure.termination_message()
-    assert text.startswith("RolloutStepFailed: job-eval-3: Broken: the head has 3 outputs")
-    assert parse_termination_message(text) == failure
-    huge = type(failure)(failure.reason, failure.exception, "x" * 10_000, failure.frame, failure.pod)
-    truncated = huge.termination_message()
-    assert len(truncated.encode()) <= TERMINATION_MESSAGE_LIMIT
-    parsed = parse_termination_message(truncated)
-    assert parsed is not None
-    assert parsed.reason == "RolloutStepFailed"

@@ -31,7 +31,7 @@ CLEANRL: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("name", MUJOCO + ATARI)
 def test_a_reference_job_passes_rlkube_validate(name: str) -> None:
     for module in load_job(EXAMPLES / f"{name}.yaml").spec.env.imports:
-        pytest.importorskip(module)  # the dev extra installs them (rlkube[envs]); validate refuses a missing one
+        pytest.importorskip(module)  # installed by the dev extra (rlkube[envs]); validate refuses it absent
     result = subprocess.run(
         [sys.executable, "-m", "rlkube.cli", "validate", str(EXAMPLES / f"{name}.yaml")],
         capture_output=True,
