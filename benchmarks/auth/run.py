@@ -100,7 +100,8 @@ def _job(fragments: int, num_envs: int, steps: int) -> Any:
     )
 
 
-def _data(num_envs: int, steps: int, obs: int) -> TensorDict:
+def cartpole_trajectories(num_envs: int, steps: int, obs: int) -> TensorDict:
+    """A well-formed CartPole-shaped fragment's data (random observations); also the hostile-client tests'."""
     n, t = num_envs, steps
     return TensorDict(
         {
@@ -120,7 +121,7 @@ def trajectory_push(
     *, pushes: int, num_envs: int, steps: int, obs: int, token: str
 ) -> dict[str, list[float]]:
     """Seconds per accepted PushFragment (lease excluded), per mode."""
-    data = _data(num_envs, steps, obs)
+    data = cartpole_trajectories(num_envs, steps, obs)
     setups = {}
     for mode in MODES:
         coordinator = Coordinator(_job(pushes + 1, num_envs, steps))
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         pushes=args.pushes, num_envs=args.num_envs, steps=args.steps, obs=args.obs, token=token
     )
     calls = per_call(calls=args.calls, token=token, block=20)
-    fragment_kib = _data(args.num_envs, args.steps, args.obs).bytes() / 1024
+    fragment_kib = cartpole_trajectories(args.num_envs, args.steps, args.obs).bytes() / 1024
     # Per call: the fastest block of each (least disturbed by other load on a shared machine).
     overhead = min(calls["token"]) - min(calls["open"])
     push_seconds = min(push["open"])  # the fastest, as for the per-call figure

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import grpc
-import torch
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.service import CoordinatorServer
@@ -23,6 +22,7 @@ from rlkube.security.credential import Credential, new_token
 from rlkube.spec import parse_job
 from tensordict import TensorDict
 
+from benchmarks.auth.run import cartpole_trajectories
 from tests.conftest import MINIMAL_JOB
 
 NUM_ENVS = 2
@@ -43,19 +43,7 @@ JOB = {
 
 
 def trajectories(*, num_envs: int = NUM_ENVS, steps: int = STEPS, obs: int = 4) -> TensorDict:
-    n, t = num_envs, steps
-    return TensorDict(
-        {
-            "observation": torch.rand(n, t, obs),
-            "action": torch.zeros(n, t, dtype=torch.int64),
-            "log_prob": torch.zeros(n, t),
-            "reward": torch.ones(n, t),
-            "terminated": torch.zeros(n, t, dtype=torch.bool),
-            "truncated": torch.zeros(n, t, dtype=torch.bool),
-            "next_observation": torch.rand(n, t, obs),
-        },
-        batch_size=[n, t],
-    )
+    return cartpole_trajectories(num_envs, steps, obs)
 
 
 def push_message(task: pb.Task, worker_id: str, data: TensorDict | None = None) -> pb.Fragment:
