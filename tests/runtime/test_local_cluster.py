@@ -24,6 +24,14 @@ SLOW_STEPS = {"env__id": SLOW_ENV, "env__imports": ["tests.runtime.slow_env"]}
 pytestmark = pytest.mark.slow
 
 
+def wait_for_no_leftovers(run: LocalRun, *, timeout: float) -> None:
+    """Pods that exit after their supervisor (env subprocesses, a reaped pod) get ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while run.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not run.leftovers(), f"pods outlived their supervisor: {run.leftovers()}"
+
+
 def start(local_run: list[LocalRun], tmp_path: Path, *args: str, **spec: object) -> LocalRun:
     run = LocalRun(write_job(tmp_path, **spec), tmp_path / "run", *args)
     local_run.append(run)
@@ -141,8 +149,7 @@ def test_ctrl_c_stops_every_process_and_removes_the_shm_directories(local_run, t
     assert Path(run.shm_root).exists()
     os.killpg(run.proc.pid, signal.SIGINT)
     assert run.wait(timeout=120) == 130
-    time.sleep(0.5)
-    assert not run.leftovers()
+    wait_for_no_leftovers(run, timeout=10)
     assert not Path(run.shm_root).exists()
     assert any(p.name.startswith("ckpt-") for p in (run.run_dir / "checkpoints").iterdir())
 
@@ -153,10 +160,7 @@ def test_a_supervisor_killed_with_sigkill_takes_every_pod_with_it(local_run, tmp
     assert len(run.seen_pids) >= 3  # every pod the run started (more if one was restarted)
     os.kill(run.proc.pid, signal.SIGKILL)  # no chance to stop anything itself
     run.proc.wait(timeout=30)
-    deadline = time.monotonic() + 60
-    while run.leftovers() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not run.leftovers(), "pods outlived their supervisor"
+    wait_for_no_leftovers(run, timeout=60)  # they notice the death themselves (die_with_supervisor)
     # Its shm root stays (it was the supervisor's to remove) until the next local run sweeps it.
     assert run.shm_root
     assert Path(run.shm_root).exists()
