@@ -2,7 +2,8 @@
 
 Returns :class:`rlkube_operator.status.CoordinatorReport` (no protobuf types leave this module),
 or ``None`` when the coordinator does not answer within the deadline: a job whose rank 0 is
-starting, restarting or gone is normal, not an operator error.
+starting, restarting or gone is normal, not an operator error. The figures the report does not
+name are copied generically (``progress_fields``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import math
 import grpc
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.contract import CoordinatorPhase
 from rlkube.security.credential import Credential
 from rlkube.security.grpc_auth import open_channel
 
+from rlkube_operator.progress_fields import shown_values
 from rlkube_operator.status import CoordinatorReport, NodeReport
 
 
@@ -24,7 +27,7 @@ def report_from_proto(message: pb.JobStatus) -> CoordinatorReport:
 
     episodes = int(message.episodes)
     return CoordinatorReport(
-        phase=message.phase or "Starting",
+        phase=phase_of(message),
         epoch=int(message.epoch),
         max_epochs=int(message.max_epochs),
         env_steps=int(message.env_steps),
@@ -42,7 +45,20 @@ def report_from_proto(message: pb.JobStatus) -> CoordinatorReport:
         finished=bool(message.finished),
         message=message.message,
         fingerprints_consistent=bool(message.fingerprints_consistent) if message.workers else True,
+        shown=shown_values(message),
     )
+
+
+def phase_of(message: pb.JobStatus) -> CoordinatorPhase:
+    """The coordinator's phase; from its name when a coordinator that predates ``JobStatus.phase``
+    sent only that (a value this operator does not know counts as Starting)."""
+    name = pb.JobStatus.Phase.Name(message.phase) if message.phase in pb.JobStatus.Phase.values() else ""
+    if message.phase == pb.JobStatus.Starting and message.phase_name:
+        name = message.phase_name
+    try:
+        return CoordinatorPhase(name)
+    except ValueError:
+        return CoordinatorPhase.STARTING
 
 
 def get_status(target: str, *, timeout: float, token: str = "") -> CoordinatorReport | None:

@@ -14,6 +14,8 @@ How pydantic's JSON schema becomes a structural OpenAPI v3 schema:
 * ``exclusiveMinimum: N`` becomes ``minimum: N, exclusiveMinimum: true`` (OpenAPI 3.0 spelling).
 * an optional object field gets ``default: {}`` so the API server fills in its defaults too.
 * :data:`rlkube.spec.CROSS_FIELD_RULES` become CEL ``x-kubernetes-validations`` on ``spec``.
+* ``status.progress`` also lists the coordinator's ``JobStatus`` fields it shows as they are,
+  from the proto descriptor (:mod:`rlkube_operator.progress_fields`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from rlkube import spec as specmod
 from rlkube.spec import RLJobSpec
 
+from rlkube_operator.progress_fields import shown_schema
 from rlkube_operator.status import RLJobStatus
 
 QUANTITY_PATTERN = (
@@ -98,6 +101,8 @@ def build_crd() -> dict[str, Any]:
     # Status is written by the operator only; a field a newer operator adds must not be pruned
     # by an older CRD during an upgrade.
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
+    # The coordinator's figures copied as they are (progress_fields): listed from the proto.
+    status_schema["properties"]["progress"]["properties"].update(shown_schema())
     root = {
         "type": "object",
         "description": "A reinforcement-learning job: DDP train ranks, elastic eval replicas, weight sync.",

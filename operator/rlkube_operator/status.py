@@ -38,6 +38,7 @@ from rlkube.contract import (
     LABEL_JOB,
     LABEL_ROLE,
     PERMANENT_FAILURES,
+    CoordinatorPhase,
     FailureReason,
     Role,
     eval_statefulset_name,
@@ -177,6 +178,10 @@ class NodeWeightStatus(_Status):
 
 
 class Progress(_Status):
+    """The run's figures, from the coordinator (its other JobStatus figures are added as they are)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, extra="allow")
+
     epoch: int = 0
     max_epochs: int = 0
     env_steps: int = 0
@@ -268,9 +273,14 @@ class NodeReport:
 
 @dataclass(frozen=True)
 class CoordinatorReport:
-    """What the coordinator's ``GetStatus`` said, without the protobuf types."""
+    """What the coordinator's ``GetStatus`` said, without the protobuf types.
 
-    phase: str = "Starting"
+    The fields named here are the ones derivation reads, decides with or reshapes; every other
+    progress figure of ``JobStatus`` arrives in :attr:`shown` (see ``progress_fields``), so a new
+    one needs no field here.
+    """
+
+    phase: CoordinatorPhase = CoordinatorPhase.STARTING
     epoch: int = 0
     max_epochs: int = 0
     env_steps: int = 0
@@ -284,6 +294,11 @@ class CoordinatorReport:
     finished: bool = False
     message: str = ""
     fingerprints_consistent: bool = True
+    #: JSON name -> value: the other JobStatus figures, shown in ``status.progress`` as they are.
+    shown: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", CoordinatorPhase(self.phase))  # a phase given by its name
 
 
 @dataclass(frozen=True)
@@ -420,7 +435,7 @@ def derive_status(
         old = _find(previous.conditions, ConditionType(previous.phase.value))
         reason = old.reason if old else Reason.JOB_FINISHED
         terminal = (previous.phase, reason, old.message if old else previous.message)
-    elif report is not None and report.phase == "Failed":
+    elif report is not None and report.phase is CoordinatorPhase.FAILED:
         terminal = (
             Phase.FAILED,
             # The coordinator names a known cause as the first word of its message.
@@ -429,7 +444,7 @@ def derive_status(
             else Reason.TRAINING_FAILED,
             report.message or "the coordinator reported a failure",
         )
-    elif report is not None and (report.finished or report.phase == "Complete"):
+    elif report is not None and (report.finished or report.phase is CoordinatorPhase.COMPLETE):
         summary = f"trained {report.epoch} epochs, {report.env_steps} env steps"
         if report.last_return is not None:
             summary += f", last return {report.last_return:.1f}"
@@ -483,7 +498,7 @@ def derive_status(
         not terminal
         and not suspended
         and report is not None
-        and report.phase not in ("Starting", "")
+        and report.phase is not CoordinatorPhase.STARTING
         and not restarting
     )
 
@@ -743,7 +758,7 @@ def _ledger(previous: TrainStatus) -> RestartLedger:
 
 
 def _progress(previous: Progress, report: CoordinatorReport | None) -> Progress:
-    if report is None or report.phase in ("", "Starting"):
+    if report is None or report.phase is CoordinatorPhase.STARTING:
         # Not answering, or a restarted rank 0 that has not resumed its checkpoint yet: keep the
         # last figures we had rather than show the job back at epoch 0.
         return previous
@@ -752,6 +767,7 @@ def _progress(previous: Progress, report: CoordinatorReport | None) -> Progress:
         for n in sorted(report.nodes, key=lambda n: n.node_name)
     ]
     return Progress(
+        **report.shown,
         epoch=report.epoch,
         max_epochs=report.max_epochs,
         env_steps=report.env_steps,

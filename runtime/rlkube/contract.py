@@ -311,6 +311,23 @@ def _is_host_port(value: str) -> bool:
     return bool(sep and host and port.isdigit())
 
 
+# What train rank 0 says: GetStatus ------------------------------------------------------------
+
+
+class CoordinatorPhase(StrEnum):
+    """What rank 0's engine is doing: ``JobStatus.Phase`` on the wire, value for value by name.
+
+    The RLJob's own phase (``rlkube_operator.status.Phase``) is derived from it and the pods.
+    """
+
+    #: Restoring a checkpoint or waiting for eval workers: no figures to show yet.
+    STARTING = "Starting"
+    RUNNING = "Running"
+    COMPLETE = "Complete"
+    #: The status message says why.
+    FAILED = "Failed"
+
+
 # Why a pod stopped: its termination message ----------------------------------------------------
 
 

@@ -353,8 +353,18 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase", "epoch", "max_epochs", "env_steps", "last_return", "episodes", "weight_version", "last_sync_time", "nodes", "workers", "train_ranks", "eval_workers", "steps_per_second", "finished", "message", "fingerprints_consistent", "incarnation", "eval_return", "dropped_stale")
-    PHASE_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("phase_name", "epoch", "max_epochs", "env_steps", "last_return", "episodes", "weight_version", "last_sync_time", "nodes", "workers", "train_ranks", "eval_workers", "steps_per_second", "finished", "message", "fingerprints_consistent", "incarnation", "eval_return", "dropped_stale", "phase")
+    class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        Starting: _ClassVar[JobStatus.Phase]
+        Running: _ClassVar[JobStatus.Phase]
+        Complete: _ClassVar[JobStatus.Phase]
+        Failed: _ClassVar[JobStatus.Phase]
+    Starting: JobStatus.Phase
+    Running: JobStatus.Phase
+    Complete: JobStatus.Phase
+    Failed: JobStatus.Phase
+    PHASE_NAME_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -373,7 +383,8 @@ class JobStatus(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     EVAL_RETURN_FIELD_NUMBER: _ClassVar[int]
     DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
-    phase: str
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    phase_name: str
     epoch: int
     max_epochs: int
     env_steps: int
@@ -392,4 +403,5 @@ class JobStatus(_message.Message):
     incarnation: str
     eval_return: float
     dropped_stale: int
-    def __init__(self, phase: _Optional[str] = ..., epoch: _Optional[int] = ..., max_epochs: _Optional[int] = ..., env_steps: _Optional[int] = ..., last_return: _Optional[float] = ..., episodes: _Optional[int] = ..., weight_version: _Optional[int] = ..., last_sync_time: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeWeights, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., train_ranks: _Optional[int] = ..., eval_workers: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., fingerprints_consistent: _Optional[bool] = ..., incarnation: _Optional[str] = ..., eval_return: _Optional[float] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
+    phase: JobStatus.Phase
+    def __init__(self, phase_name: _Optional[str] = ..., epoch: _Optional[int] = ..., max_epochs: _Optional[int] = ..., env_steps: _Optional[int] = ..., last_return: _Optional[float] = ..., episodes: _Optional[int] = ..., weight_version: _Optional[int] = ..., last_sync_time: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeWeights, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., train_ranks: _Optional[int] = ..., eval_workers: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., fingerprints_consistent: _Optional[bool] = ..., incarnation: _Optional[str] = ..., eval_return: _Optional[float] = ..., dropped_stale: _Optional[int] = ..., phase: _Optional[_Union[JobStatus.Phase, str]] = ...) -> None: ...

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from enum import Enum
+from typing import Any, TypeVar
 
 import grpc
 from tensordict import TensorDict
@@ -216,8 +217,10 @@ def _time_left(context: grpc.ServicerContext) -> float:
 
 
 def job_status(coordinator: Coordinator) -> pb.JobStatus:
-    """GetStatus's answer from the coordinator's view of the job."""
-    snap = coordinator.snapshot
+    """GetStatus's answer: what the engine reported (every :class:`EngineStatus` field, copied by
+    name), and what the coordinator sees itself (workers, nodes, throughput)."""
+    snap = coordinator.snapshot  # immutable: replaced whole by each update
+    engine = {name: _wire(value) for name, value in snap.given().items()}
     now = coordinator.clock()
     published = coordinator.published_version
     loads = {w.worker_id: w for w in coordinator.loads.workers()}
@@ -236,30 +239,23 @@ def job_status(coordinator: Coordinator) -> pb.JobStatus:
         )
         for w in members
     ]
-    status = pb.JobStatus(
-        phase=snap.phase,
-        epoch=snap.epoch,
-        max_epochs=snap.max_epochs,
-        env_steps=max(snap.env_steps, coordinator.progress.env_steps),
-        episodes=snap.episodes,
+    engine["env_steps"] = max(snap.env_steps or 0, coordinator.progress.env_steps)
+    return pb.JobStatus(
+        **engine,
+        phase_name=str(engine["phase"]),  # for operators that predate JobStatus.phase
         weight_version=published,
-        last_sync_time=snap.last_sync_time,
         nodes=nodes,
         workers=workers,
-        train_ranks=snap.train_ranks,
         eval_workers=len(members),
         steps_per_second=coordinator.progress.steps_per_second(now=now),
-        finished=snap.finished,
-        message=snap.message,
-        fingerprints_consistent=snap.fingerprints_consistent,
         incarnation=coordinator.incarnation,
         dropped_stale=coordinator.progress.dropped_stale,
     )
-    if snap.last_return is not None:
-        status.last_return = snap.last_return
-    if snap.eval_return is not None:
-        status.eval_return = snap.eval_return
-    return status
+
+
+def _wire(value: object) -> Any:
+    """A status value as the proto constructor takes it (an enum by its name)."""
+    return value.value if isinstance(value, Enum) else value
 
 
 class CoordinatorServer:

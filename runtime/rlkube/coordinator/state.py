@@ -20,10 +20,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from tensordict import TensorDict
 
+from rlkube.contract import CoordinatorPhase
 from rlkube.coordinator.edge import (
     MAX_EPISODES_PER_PUSH,
     MAX_FINGERPRINT_ENTRIES,
@@ -47,6 +49,7 @@ from rlkube.data.schema import (
     non_finite_numbers,
 )
 from rlkube.spec import RLJob
+from rlkube.weight_key import WeightKey
 from rlkube.weights.consistency import LoadTracker, WorkerLoad
 
 logger = logging.getLogger(__name__)
@@ -63,23 +66,38 @@ class ShardGone(LookupError):
     """A train rank asked for an epoch whose batch has been replaced (it fell behind)."""
 
 
-@dataclass
-class EngineSnapshot:
-    """What the engine on rank 0 last reported (status fields the coordinator cannot see itself)."""
+@dataclass(frozen=True)
+class EngineStatus:
+    """What the engine on rank 0 reports for GetStatus (figures the coordinator cannot see itself).
 
-    phase: str = "Starting"
-    epoch: int = 0
-    max_epochs: int = 0
-    env_steps: int = 0  # counted at epoch ends; live steps of the open epoch are added on top
-    weight_version: int = 0
+    Both the typed update and the coordinator's record of it: ``coordinator.update(EngineStatus(
+    epoch=3))`` sets the fields given and keeps the others (None: not given). Each field is the
+    ``JobStatus`` field of the same name, copied there as it is by ``coordinator.service.job_status``
+    (a test checks the names): a new engine figure is a proto field, a field here, and the
+    ``update`` that sets it.
+    """
+
+    phase: CoordinatorPhase | None = None
+    epoch: int | None = None
+    max_epochs: int | None = None
+    env_steps: int | None = None  # counted at epoch ends; live steps of the open epoch are added on top
     last_return: float | None = None
-    episodes: int = 0
+    episodes: int | None = None
     eval_return: float | None = None
-    fingerprints_consistent: bool = True
-    last_sync_time: float = 0.0
-    message: str = ""
-    finished: bool = False
-    train_ranks: int = 1
+    fingerprints_consistent: bool | None = None
+    last_sync_time: float | None = None  # unix seconds of the newest publish
+    message: str | None = None
+    finished: bool | None = None
+    train_ranks: int | None = None
+
+    def merged(self, update: EngineStatus) -> EngineStatus:
+        """This status with the fields ``update`` gives."""
+        given = {f.name: getattr(update, f.name) for f in fields(update)}
+        return replace(self, **{name: value for name, value in given.items() if value is not None})
+
+    def given(self) -> dict[str, Any]:
+        """The fields set, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 @dataclass(frozen=True)
@@ -122,7 +140,19 @@ class Coordinator:
         )
         self.loads = LoadTracker()
         self.progress = Progress()
-        self.snapshot = EngineSnapshot(max_epochs=spec.train.max_epochs, train_ranks=self.world_size)
+        #: What the engine reported (every field given: the status before the first report).
+        self.snapshot = EngineStatus(
+            phase=CoordinatorPhase.STARTING,
+            epoch=0,
+            max_epochs=spec.train.max_epochs,
+            env_steps=0,
+            episodes=0,
+            fingerprints_consistent=True,
+            last_sync_time=0.0,
+            message="",
+            finished=False,
+            train_ranks=self.world_size,
+        )
         self._cond = threading.Condition()
         self._shard_batch: EpochBatch | None = None
         self._shard_serial = -1  # which engine step the batch belongs to
@@ -133,7 +163,7 @@ class Coordinator:
         self._version_checks: dict[int, list[bool]] = {}  # version -> each worker's fingerprint verdict
         #: Acknowledged fragments of a previous incarnation taken back from the journal.
         self.replayed = 0
-        self._reported: dict[str, set[tuple[str, int]]] = {}  # worker -> (incarnation, version) reported
+        self._reported: dict[str, set[WeightKey]] = {}  # worker -> keys it reported
 
     # ================================================================= worker-facing (RPCs)
     def register(self, *, pod_name: str, node_name: str, replica_index: int, num_envs: int) -> Worker:
@@ -332,13 +362,13 @@ class Coordinator:
         with self._cond:
             if self.members.touch(load.worker_id, now=self.clock()) is None:
                 raise NotRegistered(load.worker_id)
-            key = (load.incarnation, load.version)
+            key = WeightKey(load.incarnation, load.version)
             reported = self._reported.setdefault(load.worker_id, set())
             if key in reported:
                 raise Refused(Refusal.DENIED, f"version {load.version} was already reported by this worker")
             reported.add(key)
             if len(reported) > 64:
-                reported.discard(min(reported, key=lambda k: k[1]))
+                reported.discard(min(reported, key=lambda k: k.version))
             consistent, detail = self.loads.report(load, now=self.clock())
             self._version_checks.setdefault(load.version, []).append(consistent)
             for old in sorted(self._version_checks)[:-64]:
@@ -438,25 +468,20 @@ class Coordinator:
     def published(self, *, version: int, fingerprint: dict[str, float] | None, incarnation: str) -> None:
         with self._cond:
             self._published_version = version
-            self.snapshot.weight_version = version
-            self.snapshot.last_sync_time = time.time()
+            self.snapshot = self.snapshot.merged(EngineStatus(last_sync_time=time.time()))
         self.loads.published(incarnation, version, fingerprint)
 
-    def update(self, **fields: object) -> None:
-        """Engine progress for GetStatus (fields of :class:`EngineSnapshot`)."""
+    def update(self, status: EngineStatus) -> None:
+        """Engine progress for GetStatus: the fields ``status`` gives (see :class:`EngineStatus`)."""
         with self._cond:
-            for name, value in fields.items():
-                if not hasattr(self.snapshot, name):
-                    raise AttributeError(f"EngineSnapshot has no field {name!r}")
-                setattr(self.snapshot, name, value)
+            self.snapshot = self.snapshot.merged(status)
             self._cond.notify_all()
 
-    def finish(self, *, phase: str = "Complete", message: str = "") -> None:
+    def finish(self, *, phase: CoordinatorPhase = CoordinatorPhase.COMPLETE, message: str = "") -> None:
         """The job is over: leases answer STOP, the board is closed."""
         with self._cond:
-            self.snapshot.finished = True
-            self.snapshot.phase = phase
-            self.snapshot.message = message
+            done = EngineStatus(finished=True, phase=CoordinatorPhase(phase), message=message)
+            self.snapshot = self.snapshot.merged(done)
             self.board.close()
             self._cond.notify_all()
 

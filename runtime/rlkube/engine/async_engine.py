@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 
+from rlkube.contract import CoordinatorPhase
+from rlkube.coordinator.state import EngineStatus
 from rlkube.data.rollout_buffer import EpochBatch
 from rlkube.engine.report import RunSummary
 from rlkube.engine.trainer import RankZeroEngine, Stopped
@@ -51,7 +53,7 @@ class AsyncEngine(RankZeroEngine):
         stop_reason = "target_return" if tracker.target_reached else "max_epochs"
         try:
             while stop_reason == "max_epochs" and tracker.epoch < train.max_epochs:
-                self.coordinator.update(phase="Running", epoch=tracker.epoch)
+                self.coordinator.update(EngineStatus(phase=CoordinatorPhase.RUNNING, epoch=tracker.epoch))
                 batch = self.wait_batch(f"step {tracker.epoch + 1}")
                 kept, lags, dropped = split_by_staleness(batch, version=version, max_staleness=bound)
                 live.dropped_stale += dropped

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from rlkube.contract import CoordinatorPhase
+from rlkube.coordinator.state import EngineStatus
 from rlkube.engine.checkpoint import TrainerProgress
 from rlkube.engine.report import RunSummary
 from rlkube.engine.trainer import RankZeroEngine, policy_file
@@ -28,7 +30,7 @@ class EvalEngine(RankZeroEngine):
         self.ctx.channel.share_state(self.ctx.policy, None)
         tracker = self.tracker(TrainerProgress())
         self.publish(1)
-        self.coordinator.update(phase="Running", message=f"evaluating {target}")
+        self.coordinator.update(EngineStatus(phase=CoordinatorPhase.RUNNING, message=f"evaluating {target}"))
         returns = self.coordinator.evaluate(
             epoch=0, version=1, episodes=self.spec.train.eval_episodes, timeout=self.EVALUATION_TIMEOUT
         )

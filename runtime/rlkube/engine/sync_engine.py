@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 
+from rlkube.contract import CoordinatorPhase
+from rlkube.coordinator.state import EngineStatus
 from rlkube.engine.report import RunSummary
 from rlkube.engine.trainer import RankZeroEngine, Stopped
 from rlkube.spec import WeightStrategy
@@ -31,7 +33,7 @@ class SyncEngine(RankZeroEngine):
             while stop_reason == "max_epochs" and tracker.epoch < train.max_epochs:
                 epoch = tracker.epoch
                 self.coordinator.open_epoch(epoch=epoch, version=version)
-                self.coordinator.update(phase="Running", epoch=epoch)
+                self.coordinator.update(EngineStatus(phase=CoordinatorPhase.RUNNING, epoch=epoch))
                 batch = self.wait_batch(f"epoch {epoch + 1}")
                 consistent = self.check_fingerprints(version)
                 shard = self.offer(batch)

@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 from tensordict import TensorDict
 
+from rlkube.contract import CoordinatorPhase
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
-from rlkube.coordinator.state import Coordinator
+from rlkube.coordinator.state import Coordinator, EngineStatus
 from rlkube.coordinator.wire import batch_from_proto
 from rlkube.data.replay_buffer import ReplayBuffer
 from rlkube.data.rollout_buffer import EpochBatch
@@ -201,13 +202,13 @@ class RankZeroEngine:
         state = self.ctx.policy.get_trainable_parameters()
         bad = non_finite_parameter(state)
         if bad is not None:  # never publish NaN/Inf: every eval worker would act on it
-            epoch = self.coordinator.snapshot.epoch + (1 if version else 0)
+            epoch = (self.coordinator.snapshot.epoch or 0) + (1 if version else 0)
             message = (
                 f"{NON_FINITE_WEIGHTS}: after epoch {epoch} parameter {bad} holds NaN or Inf; "
                 f"version {version} was not published"
             )
             write_failure(self.ctx.paths.checkpoints, reason=NON_FINITE_WEIGHTS, message=message)
-            self.coordinator.finish(phase="Failed", message=message)
+            self.coordinator.finish(phase=CoordinatorPhase.FAILED, message=message)
             raise NonFiniteWeights(message)
         if self.ctx.sharded:
             self.ctx.channel.barrier()  # the other ranks committed their copies
@@ -234,11 +235,11 @@ class RankZeroEngine:
                 raise failed
             if batch is not None:
                 if waited > 5:
-                    self.coordinator.update(message="")
+                    self.coordinator.update(EngineStatus(message=""))
                 return batch
             waited += 1.0
             if waited >= 5 and self.coordinator.live_workers() == 0:
-                self.coordinator.update(message=f"waiting for eval workers ({what})")
+                self.coordinator.update(EngineStatus(message=f"waiting for eval workers ({what})"))
 
     def evaluate(self, *, epoch: int, version: int) -> float | None:
         episodes = self.spec.train.eval_episodes
@@ -268,7 +269,7 @@ class RankZeroEngine:
                 logger.info("resumed from %s (epoch %d)", checkpoint.path, progress.epoch)
             if self.store.moved_aside:
                 moved = ", ".join(str(target) for _, target in self.store.moved_aside)
-                self.coordinator.update(message=f"corrupt checkpoints moved aside: {moved}")
+                self.coordinator.update(EngineStatus(message=f"corrupt checkpoints moved aside: {moved}"))
         if progress.epoch == 0 and self.spec.checkpoint.path:
             self.ctx.policy.load_checkpoint(str(policy_file(self.spec.checkpoint.path)))
             logger.info("initial weights from %s", self.spec.checkpoint.path)
@@ -287,12 +288,13 @@ class RankZeroEngine:
         )
         notify(self.ctx.observers, "on_start", tracker.start())
         self.coordinator.update(
-            epoch=tracker.epoch,
-            env_steps=tracker.env_steps,
-            weight_version=tracker.weight_version,
-            last_return=tracker.recent_return,
-            episodes=len(tracker.episodes),
-            eval_return=tracker.last_eval,
+            EngineStatus(
+                epoch=tracker.epoch,
+                env_steps=tracker.env_steps,
+                last_return=tracker.recent_return,
+                episodes=len(tracker.episodes),
+                eval_return=tracker.last_eval,
+            )
         )
         return tracker
 
@@ -323,13 +325,15 @@ class RankZeroEngine:
     def epoch_done(self, tracker: RunTracker, record: EpochRecord) -> None:
         notify(self.ctx.observers, "on_epoch", record)
         self.coordinator.update(
-            phase="Running",
-            epoch=record.epoch,
-            env_steps=record.env_steps,
-            last_return=record.recent_return,
-            episodes=record.episodes_total,
-            eval_return=tracker.last_eval,
-            fingerprints_consistent=tracker.consistent,
+            EngineStatus(
+                phase=CoordinatorPhase.RUNNING,
+                epoch=record.epoch,
+                env_steps=record.env_steps,
+                last_return=record.recent_return,
+                episodes=record.episodes_total,
+                eval_return=tracker.last_eval,
+                fingerprints_consistent=tracker.consistent,
+            )
         )
         interval = self.spec.train.save_interval
         if interval and record.epoch % interval == 0:
@@ -404,5 +408,5 @@ class RankZeroEngine:
         )
         self.store.mark_complete(summary.to_json())
         notify(self.ctx.observers, "on_finish", summary)
-        self.coordinator.finish(phase="Complete", message=f"finished: {stop_reason}")
+        self.coordinator.finish(phase=CoordinatorPhase.COMPLETE, message=f"finished: {stop_reason}")
         return summary

@@ -33,6 +33,7 @@ from rlkube.health import POD
 from rlkube.metrics.series import EvalFigures
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.spec import RLJob
+from rlkube.weight_key import WeightKey
 from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class WorkerPlane(Protocol):
 
     def start(self, policy: BasePolicy) -> object: ...
 
-    def loaded_key(self) -> tuple[str, int] | None: ...
+    def loaded_key(self) -> WeightKey | None: ...
 
     def sync(
         self,
@@ -66,7 +67,7 @@ class WorkerPlane(Protocol):
         timeout: float = 60.0,
         stop: threading.Event | None = None,
         abandon: Callable[[], bool] | None = None,
-    ) -> tuple[str, int] | None: ...
+    ) -> WeightKey | None: ...
 
     def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest: ...
 
@@ -122,7 +123,7 @@ class EvalWorker:
         self.worker_id = ""
         self.incarnation: str | None = None
         self.min_version = 0
-        self.reported: tuple[str, int] | None = None
+        self.reported: WeightKey | None = None
         self.stats = WorkerStats()
         self._registered = threading.Event()
         self._probed_at = 0.0
@@ -245,8 +246,8 @@ class EvalWorker:
         """
         if not self._registered.is_set():
             return True
-        key = plane.loaded_key()
-        if key is None or self.incarnation is None or key[0] == self.incarnation:
+        key = WeightKey.of(plane.loaded_key())
+        if key is None or self.incarnation is None or key.incarnation == self.incarnation:
             return False
         now = time.monotonic()
         if now - self._probed_at >= INCARNATION_PROBE_SECONDS:
@@ -295,21 +296,23 @@ class EvalWorker:
         started = time.perf_counter()
         # Versions count within one incarnation of train rank 0 (a restarted rank 0 counts again).
         waiting_for = self.incarnation
-        key = plane.sync(
-            policy,
-            min_version=version,
-            incarnation=waiting_for,
-            timeout=120.0,
-            stop=self.stop,
-            abandon=lambda: self._incarnation_gone(plane),
+        key = WeightKey.of(
+            plane.sync(
+                policy,
+                min_version=version,
+                incarnation=waiting_for,
+                timeout=120.0,
+                stop=self.stop,
+                abandon=lambda: self._incarnation_gone(plane),
+            )
         )
-        if self.stop.is_set() and (key is None or key[1] < version):
+        if self.stop.is_set() and (key is None or key.version < version):
             return None
-        held = key is not None and key[1] >= version and waiting_for in (None, key[0])
+        held = key is not None and key.satisfies(min_version=version, incarnation=waiting_for)
         if not held and self._incarnation_gone(plane):
             raise IncarnationChanged(f"incarnation {waiting_for} is gone while waiting for its v{version}")
         waited = time.perf_counter() - started
-        if key is None or key[1] < version or (self.incarnation and key[0] != self.incarnation):
+        if key is None or not key.satisfies(min_version=version, incarnation=self.incarnation or None):
             raise RuntimeError(f"weights v{version} did not arrive within 120 s (holding {key})")
         self._report(policy, plane)  # before the fragment: the coordinator checks it before training on it
         self.stats.weight_wait_seconds += waited
@@ -318,7 +321,7 @@ class EvalWorker:
     def _report(self, policy: BasePolicy, plane: WorkerPlane) -> None:
         """Tell the coordinator about a newly loaded version, with the model's fingerprint."""
         with self._report_lock:
-            key = plane.loaded_key()
+            key = WeightKey.of(plane.loaded_key())
             if key is None or key == self.reported or not self._registered.is_set():
                 return
             report = plane.loaded_report(policy)
@@ -326,11 +329,11 @@ class EvalWorker:
             try:
                 reply = self.client.report_loaded(report)
                 if not reply.consistent:
-                    logger.error("loaded v%d does not match the trainer: %s", key[1], reply.detail)
+                    logger.error("loaded v%d does not match the trainer: %s", key.version, reply.detail)
             except CoordinatorError as exc:
                 if exc.code is not None and exc.code.name == "NOT_FOUND":
                     self._registered.clear()  # the coordinator restarted or expired us: register again
-                logger.info("could not report v%d: %s", key[1], exc)
+                logger.info("could not report v%d: %s", key.version, exc)
                 return
             self.reported = key
 

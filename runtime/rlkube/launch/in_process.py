@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from rlkube.contract import PodEnv, Role
+from rlkube.contract import CoordinatorPhase, PodEnv, Role
 from rlkube.coordinator.in_process import InProcessClient
 from rlkube.coordinator.state import Coordinator
 from rlkube.engine.checkpoint import CheckpointStore
@@ -173,7 +173,7 @@ class InProcessRun:
             except BaseException as exc:  # the engine must not wait for a worker that is gone
                 failures.append(exc)
                 ctx.stop.set()
-                coordinator.finish(phase="Failed", message=f"the eval worker failed: {exc}")
+                coordinator.finish(phase=CoordinatorPhase.FAILED, message=f"the eval worker failed: {exc}")
                 worker.ready.set()
 
         thread = threading.Thread(target=serve, name=pod.pod_name, daemon=True)
@@ -190,6 +190,6 @@ class InProcessRun:
             raise
         finally:
             if not coordinator.snapshot.finished:
-                coordinator.finish(phase="Failed", message="stopped")
+                coordinator.finish(phase=CoordinatorPhase.FAILED, message="stopped")
             worker_stop.set()
             thread.join()

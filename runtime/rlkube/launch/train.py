@@ -31,11 +31,11 @@ import torch
 import torch.distributed as dist
 
 from rlkube import contract
-from rlkube.contract import PodEnv
+from rlkube.contract import CoordinatorPhase, PodEnv
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.journal import JOURNAL_DIR, AckJournal
 from rlkube.coordinator.service import CoordinatorServer
-from rlkube.coordinator.state import Coordinator
+from rlkube.coordinator.state import Coordinator, EngineStatus
 from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.disk import check_writable
@@ -173,16 +173,18 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
                 "%s is complete (%s); serving its final status", job.name, paths.checkpoints / "COMPLETE.json"
             )
             coordinator.update(
-                epoch=int(done.get("epochs") or 0),
-                env_steps=int(done.get("env_steps") or 0),
-                last_return=done.get("final_return"),
-                eval_return=done.get("eval_return"),
+                EngineStatus(
+                    epoch=int(done.get("epochs") or 0),
+                    env_steps=int(done.get("env_steps") or 0),
+                    last_return=done.get("final_return"),
+                    eval_return=done.get("eval_return"),
+                )
             )
-            coordinator.finish(phase="Complete", message="already complete")
+            coordinator.finish(phase=CoordinatorPhase.COMPLETE, message="already complete")
             return _idle(stop, server)
         if failed is not None:
             logger.error("%s failed: %s; serving the failure", job.name, failed["message"])
-            coordinator.finish(phase="Failed", message=failed["message"])
+            coordinator.finish(phase=CoordinatorPhase.FAILED, message=failed["message"])
             return _idle(stop, server)
     elif _job_finished(env, stop):
         return _idle(stop, None)

@@ -17,6 +17,7 @@ import numpy as np
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.security.credential import Credential, process_credential
 from rlkube.security.grpc_auth import open_channel
+from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import checksum, copy_message_into_slot
 from rlkube.weights.errors import FetchError, IntegrityError
 from rlkube.weights.layout import WeightLayout
@@ -106,7 +107,7 @@ class WeightStoreClient:
     def watch(
         self,
         *,
-        after: tuple[str, int] | None,
+        after: WeightKey | None,
         worker_id: str = "",
         node_name: str = "",
         seconds: float = 75.0,
@@ -116,8 +117,8 @@ class WeightStoreClient:
         request = pb.WatchWeightsRequest(
             worker_id=worker_id,
             node_name=node_name,
-            after_version=after[1] if after else 0,
-            incarnation=after[0] if after else "",
+            after_version=after.version if after else 0,
+            incarnation=after.incarnation if after else "",
         )
         call = self._watch(request, timeout=seconds)
         try:

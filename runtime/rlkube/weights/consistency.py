@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rlkube.weight_key import WeightKey
+
 Fingerprint = Mapping[str, float]
 
 
@@ -93,18 +95,18 @@ class LoadTracker:
     def __init__(self, *, rtol: float = 1e-3) -> None:
         self.rtol = rtol
         self._cond = threading.Condition()
-        self._published: tuple[str, int] | None = None
-        self._train_fingerprints: dict[tuple[str, int], dict[str, float]] = {}
+        self._published: WeightKey | None = None
+        self._train_fingerprints: dict[WeightKey, dict[str, float]] = {}
         self._workers: dict[str, WorkerLoad] = {}
 
     # -- inputs
     def published(self, incarnation: str, version: int, fingerprint: Fingerprint | None = None) -> None:
         """The trainer committed ``version`` (with its fingerprint, if computed)."""
         with self._cond:
-            self._published = (incarnation, version)
+            self._published = WeightKey(incarnation, version)
             if fingerprint is not None:
-                self._train_fingerprints[(incarnation, version)] = dict(fingerprint)
-                for old in sorted(self._train_fingerprints, key=lambda k: k[1])[:-8]:
+                self._train_fingerprints[self._published] = dict(fingerprint)
+                for old in sorted(self._train_fingerprints, key=lambda k: k.version)[:-8]:
                     del self._train_fingerprints[old]
             self._cond.notify_all()
 
@@ -124,7 +126,7 @@ class LoadTracker:
         load.reported_at = now
         with self._cond:
             self._workers[load.worker_id] = load
-            train = self._train_fingerprints.get((load.incarnation, load.version))
+            train = self._train_fingerprints.get(WeightKey(load.incarnation, load.version))
             self._cond.notify_all()
         if train is None or not load.fingerprint:
             return True, "no trainer fingerprint for this version to compare with"

@@ -22,9 +22,9 @@ import torch
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.policy.base import BasePolicy
+from rlkube.weight_key import WeightKey
 from rlkube.weights.layout import StateDict
 
-Key = tuple[str, int]  # (incarnation, version)
 Snapshot = dict[str, dict[str, torch.Tensor]]
 
 
@@ -34,7 +34,7 @@ class InProcessPublisher:
     def __init__(self, *, incarnation: str) -> None:
         self.incarnation = incarnation
         self._cond = threading.Condition()
-        self._latest: tuple[Key, Snapshot] | None = None
+        self._latest: tuple[WeightKey, Snapshot] | None = None
 
     def send(
         self,
@@ -43,14 +43,16 @@ class InProcessPublisher:
         version: int | None = None,
         fingerprint: Mapping[str, float] | None = None,
     ) -> int:
-        number = (self._latest[0][1] + 1 if self._latest else 1) if version is None else int(version)
+        number = (self._latest[0].version + 1 if self._latest else 1) if version is None else int(version)
         snapshot = {m: {n: t.detach().clone() for n, t in ps.items()} for m, ps in state_dict.items()}
         with self._cond:
-            self._latest = ((self.incarnation, number), snapshot)
+            self._latest = (WeightKey(self.incarnation, number), snapshot)
             self._cond.notify_all()
         return number
 
-    def wait_latest(self, *, newer_than: Key | None, timeout: float) -> tuple[Key, Snapshot] | None:
+    def wait_latest(
+        self, *, newer_than: WeightKey | None, timeout: float
+    ) -> tuple[WeightKey, Snapshot] | None:
         """The newest version if it is not ``newer_than`` (waiting up to ``timeout`` for one), else None."""
         with self._cond:
             self._cond.wait_for(
@@ -69,7 +71,7 @@ class InProcessPlane:
         self.publisher = publisher
         self.worker_id = worker_id
         self.node_name = node_name
-        self.current_key: Key | None = None
+        self.current_key: WeightKey | None = None
         self._load_seconds = 0.0
 
     def attach(self, policy: BasePolicy) -> None:
@@ -78,7 +80,7 @@ class InProcessPlane:
     def start(self, policy: BasePolicy) -> InProcessPlane:
         return self
 
-    def loaded_key(self) -> Key | None:
+    def loaded_key(self) -> WeightKey | None:
         return self.current_key
 
     def sync(
@@ -90,7 +92,7 @@ class InProcessPlane:
         timeout: float = 60.0,
         stop: threading.Event | None = None,
         abandon: Callable[[], bool] | None = None,
-    ) -> Key | None:
+    ) -> WeightKey | None:
         """Load the newest version, waiting (up to ``timeout``, or until ``stop``) for ``min_version``.
 
         ``abandon`` is the cluster plane's hook for incarnation changes; in process there is one
@@ -98,8 +100,8 @@ class InProcessPlane:
         """
         deadline = time.monotonic() + timeout
 
-        def satisfied(key: Key | None) -> bool:
-            return key is not None and key[1] >= min_version and incarnation in (None, key[0])
+        def satisfied(key: WeightKey | None) -> bool:
+            return key is not None and key.satisfies(min_version=min_version, incarnation=incarnation)
 
         while True:
             waiting = not satisfied(self.current_key)
@@ -108,18 +110,18 @@ class InProcessPlane:
             if newest is not None:  # any newer version is loaded, as StreamLoader does
                 started = time.perf_counter()
                 policy.load_state_dict(newest[1])
-                policy.weight_version = newest[0][1]
+                policy.weight_version = newest[0].version
                 self.current_key, self._load_seconds = newest[0], time.perf_counter() - started
             if satisfied(self.current_key) or time.monotonic() >= deadline or (stop and stop.is_set()):
                 return self.current_key
 
     def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest:
         """What to send to ``PolicyGroup.ReportLoaded`` after a load (fingerprint computed here)."""
-        key = self.current_key or ("", 0)
+        key = self.current_key or WeightKey("", 0)
         return pb.ReportLoadedRequest(
             worker_id=self.worker_id,
-            version=key[1],
-            incarnation=key[0],
+            version=key.version,
+            incarnation=key.incarnation,
             fingerprint=policy.get_param_fingerprint(),
             load_seconds=self._load_seconds,
             node_name=self.node_name,

@@ -41,6 +41,7 @@ import numpy as np
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
 from rlkube.policy.base import BasePolicy
+from rlkube.weight_key import WeightKey
 from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import copy_buffer_into_params, hash_list_root
 from rlkube.weights.errors import IntegrityError
@@ -143,7 +144,7 @@ class EvalWeightPlane:
         self.watcher = ShmWatcher(cfg.buffer_dir, notify).start()
         return self
 
-    def loaded_key(self) -> tuple[str, int] | None:
+    def loaded_key(self) -> WeightKey | None:
         """(incarnation, version) the policy's model holds now."""
         if self.loader is not None:
             return self.loader.current_key
@@ -158,7 +159,7 @@ class EvalWeightPlane:
         timeout: float = 60.0,
         stop: threading.Event | None = None,
         abandon: Callable[[], bool] | None = None,
-    ) -> tuple[str, int] | None:
+    ) -> WeightKey | None:
         """Make sure the model holds ``min_version`` or newer; returns (incarnation, version) held.
 
         With ``incarnation`` the version must also come from it (train rank 0 restarted: its
@@ -173,8 +174,8 @@ class EvalWeightPlane:
         def give_up() -> bool:
             return stop.is_set() or (abandon is not None and abandon())
 
-        def satisfied(key: tuple[str, int] | None) -> bool:
-            return key is not None and key[1] >= min_version and incarnation in (None, key[0])
+        def satisfied(key: WeightKey | None) -> bool:
+            return key is not None and key.satisfies(min_version=min_version, incarnation=incarnation)
 
         if self.loader is not None:
             while True:
@@ -197,12 +198,12 @@ class EvalWeightPlane:
 
     def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest:
         """What to send to ``PolicyGroup.ReportLoaded`` after a load (fingerprint computed here)."""
-        key = self.loaded_key() or ("", 0)
+        key = self.loaded_key() or WeightKey("", 0)
         blocked = policy.update_block_seconds[-1] if policy.update_block_seconds else 0.0
         return pb.ReportLoadedRequest(
             worker_id=self.config.worker_id,
-            version=key[1],
-            incarnation=key[0],
+            version=key.version,
+            incarnation=key.incarnation,
             fingerprint=policy.get_param_fingerprint(),
             load_seconds=max(0.0, time.perf_counter() - self._notified_at) if self._notified_at else 0.0,
             blocked_seconds=blocked,
@@ -226,7 +227,7 @@ class StreamLoader:
 
     def __init__(self, address: str, *, rpc_timeout: float = 30.0) -> None:
         self.client = WeightStoreClient(address, rpc_timeout=rpc_timeout)
-        self.current_key: tuple[str, int] | None = None
+        self.current_key: WeightKey | None = None
         self._buffer: np.ndarray | None = None
         self._layout: WeightLayout | None = None
 
@@ -237,7 +238,7 @@ class StreamLoader:
             return version
         return None
 
-    def load_newest(self, policy: BasePolicy, *, wait: float = 5.0) -> tuple[str, int] | None:
+    def load_newest(self, policy: BasePolicy, *, wait: float = 5.0) -> WeightKey | None:
         """Load the newest version if one is newer than the model's (waiting up to ``wait`` for one)."""
         version = self.newest(wait=max(0.05, wait))
         if version is not None:
@@ -267,7 +268,7 @@ class StreamLoader:
         else:
             policy.load_state_dict(tensors)
         policy.weight_version = version.version
-        self.current_key = (version.incarnation, version.version)
+        self.current_key = WeightKey(version.incarnation, version.version)
 
     def close(self) -> None:
         self.client.close()

@@ -28,6 +28,7 @@ import torch
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
+from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import chunk_digests, copy_tensor_into_slot, hash_list_root
 from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.layout import (
@@ -212,7 +213,7 @@ class WeightPublisher:
         metrics.PUBLISHED_BYTES.inc(layout.total_bytes)
         digests = self._digests(lease.array, grid)
         total = hash_list_root(digests)
-        self.writer.record_checksum(lease.index, (self.incarnation, number), total)
+        self.writer.record_checksum(lease.index, WeightKey(self.incarnation, number), total)
         self._version = number
         sources = [a for a in (self.address, *self.config.peers) if a]
         self.board.publish(

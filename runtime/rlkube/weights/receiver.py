@@ -30,6 +30,7 @@ from pathlib import Path
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
+from rlkube.weight_key import WeightKey
 from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import hash_list_root
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
@@ -214,7 +215,7 @@ class NodeReceiver:
     def _announce(self, version: pb.WeightVersion) -> None:
         with self._announced:
             pending = self._pending
-            if pending is None or newer(version, (pending.incarnation, pending.version)):
+            if pending is None or newer(version, WeightKey(pending.incarnation, pending.version)):
                 self._pending = version
                 self._announced.notify_all()
 

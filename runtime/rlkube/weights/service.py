@@ -28,6 +28,7 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
 from rlkube.security.credential import Credential, process_credential
 from rlkube.security.grpc_auth import listen, make_server
+from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import checksum, copy_slot_into_message
 from rlkube.weights.layout import WeightLayout
 from rlkube.weights.shm import PinnedSlot, ShmWriter
@@ -46,12 +47,9 @@ logger = logging.getLogger(__name__)
 PEER_WAIT_SECONDS = 2.0
 
 
-def newer(version: pb.WeightVersion, after: tuple[str, int] | None) -> bool:
-    """Whether ``version`` supersedes ``after`` = (incarnation, version)."""
-    if after is None:
-        return True
-    incarnation, number = after
-    return version.incarnation != incarnation or version.version > number
+def newer(version: pb.WeightVersion, after: WeightKey | None) -> bool:
+    """Whether ``version`` supersedes ``after`` (see :meth:`WeightKey.supersedes`)."""
+    return WeightKey(version.incarnation, version.version).supersedes(after)
 
 
 @dataclass
@@ -103,7 +101,7 @@ class VersionBoard:
         with self._cond:
             return self._latest
 
-    def wait_newer(self, after: tuple[str, int] | None, timeout: float) -> pb.WeightVersion | None:
+    def wait_newer(self, after: WeightKey | None, timeout: float) -> pb.WeightVersion | None:
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._closed:
@@ -151,15 +149,15 @@ class _Servicer:
     def watch(
         self, request: pb.WatchWeightsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.WeightVersion]:
-        after = (request.incarnation, request.after_version) if request.incarnation else None
+        after = WeightKey(request.incarnation, request.after_version) if request.incarnation else None
         if after is None and request.after_version:
-            after = ("", request.after_version)
+            after = WeightKey("", request.after_version)
         end = time.monotonic() + self.board.watch_seconds
         while context.is_active() and time.monotonic() < end:
             version = self.board.wait_newer(after, timeout=min(1.0, max(0.0, end - time.monotonic())))
             if version is not None:
                 yield version
-                after = (version.incarnation, version.version)
+                after = WeightKey(version.incarnation, version.version)
 
     def fetch(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         latest = self.board.latest()

@@ -43,6 +43,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from rlkube.weight_key import WeightKey
 from rlkube.weights.errors import ShmError, SlotBusyError, WriterBusyError
 from rlkube.weights.layout import WeightLayout
 from rlkube.weights.locks import FileLock, LockTimeout, describe_pids, lock_holders
@@ -341,7 +342,7 @@ class ShmWriter:
         self.notify_readers()
         return meta
 
-    def record_checksum(self, index: int, key: tuple[str, int], checksum: int) -> None:
+    def record_checksum(self, index: int, key: WeightKey, checksum: int) -> None:
         """Fill in the checksum of a slot committed as pending, if it still holds ``key``."""
         assert self._header_mm is not None
         meta = read_slot(self._header_mm, index)

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeAlias
 
+from rlkube.weight_key import WeightKey
+
 #: What the header is read from and written to: the mapped file, or a copy in tests.
 Readable: TypeAlias = memoryview | bytes | bytearray | mmap.mmap
 Writable: TypeAlias = memoryview | bytearray | mmap.mmap
@@ -77,9 +79,9 @@ class SlotMeta:
     chunk_bytes: int = 0  # grid of the checksum
 
     @property
-    def key(self) -> tuple[str, int]:
-        """(incarnation, version): what a reader compares to know whether it has this snapshot."""
-        return (self.incarnation, self.version)
+    def key(self) -> WeightKey:
+        """What a reader compares to know whether it has this snapshot."""
+        return WeightKey(self.incarnation, self.version)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import buffer_checksum
 from rlkube.weights.errors import IntegrityError
 from rlkube.weights.layout import WeightLayout, as_byte_tensor, views_of
@@ -69,7 +70,7 @@ class Snapshot:
         return self.meta.incarnation
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> WeightKey:
         return self.meta.key
 
     def release(self) -> None:
@@ -156,7 +157,7 @@ class ShmReader:
         except HeaderError:
             return None
 
-    def acquire(self, *, newer_than: tuple[str, int] | None = None, timeout: float = 5.0) -> Snapshot | None:
+    def acquire(self, *, newer_than: WeightKey | None = None, timeout: float = 5.0) -> Snapshot | None:
         """Pin and return the newest snapshot, or None if there is none or it is ``newer_than`` itself."""
         deadline = time.monotonic() + timeout
         delay = 0.0001

@@ -36,6 +36,7 @@ from torch import nn
 
 from rlkube.policy.base import BasePolicy, unwrap
 from rlkube.policy.weight_source import StagedWeights
+from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import copy_slot_into_shadow
 from rlkube.weights.layout import LayoutError, WeightLayout, views_of
 from rlkube.weights.shm_files import notify_socket_path
@@ -127,7 +128,7 @@ class ShmWeightSource:
         self.mode: Mode = mode
         self.device = device
         self.reader = ShmReader(self.directory, verify=verify)
-        self.current_key: tuple[str, int] | None = None  # (incarnation, version) the policy uses
+        self.current_key: WeightKey | None = None  # what the policy uses
         self._held: Snapshot | None = None
         self._bindings: dict[tuple[int, str], list[Binding]] = {}
         self._shadows: _Shadows | None = None
