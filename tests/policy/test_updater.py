@@ -78,20 +78,14 @@ def test_async_updates_wait_for_in_flight_requests() -> None:
 
 def test_staging_runs_outside_the_gate_while_a_step_is_in_flight() -> None:
     policy, source = eval_policy()
-    policy.step_seconds = 0.3
+    policy.hold_steps.clear()
     source.publish()
-    started = threading.Event()
-
-    def one_step() -> None:
-        started.set()
-        policy._rollout(env_ret())
-
-    thread = threading.Thread(target=one_step)
+    thread = threading.Thread(target=policy._rollout, args=(env_ret(),))
     thread.start()
-    started.wait()
-    while not policy.in_step:
-        pass
+    assert policy.step_started.wait(timeout=10)
     policy.notify_update_weights()
+    assert source.staged.wait(timeout=10)  # staged while the step is held in flight
+    policy.hold_steps.set()
     assert policy.wait_for_weight_update_done(timeout=10)
     thread.join()
     policy.close()
@@ -151,14 +145,27 @@ def test_strategy_none_starts_no_thread_and_notify_is_a_no_op() -> None:
 
 def test_check_idle_waits_for_the_step_in_flight() -> None:
     policy, _ = eval_policy(strategy="None")
-    policy.step_seconds = 0.2
+    policy.hold_steps.clear()
+    gate = policy._idle_gate
+    assert gate is not None
+    waiting = threading.Event()
+    wait_idle = gate.wait_idle
+
+    def announced_wait_idle(*args: object, **kwargs: object) -> bool:
+        waiting.set()  # check_idle() is waiting: now let the step finish
+        return wait_idle(*args, **kwargs)  # type: ignore[arg-type]
+
+    gate.wait_idle = announced_wait_idle  # type: ignore[method-assign]
     thread = threading.Thread(target=policy._rollout, args=(env_ret(),))
     thread.start()
-    while not policy.in_step:
-        pass
+    assert policy.step_started.wait(timeout=10)
+    assert policy.in_step == 1
+    releaser = threading.Thread(target=lambda: waiting.wait(timeout=10) and policy.hold_steps.set())
+    releaser.start()
     policy.check_idle()
     assert policy.in_step == 0
     thread.join()
+    releaser.join()
     policy.close()
 
 

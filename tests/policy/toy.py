@@ -26,7 +26,11 @@ def env_ret(n: int = 2) -> EnvRet:
 
 
 class ToyPolicy(BasePolicy):
-    """One linear layer; a rollout step marks itself in progress and takes ``step_seconds``."""
+    """One linear layer; a rollout step marks itself in progress and takes ``step_seconds``.
+
+    With ``hold_steps`` cleared, a step sets ``step_started`` and stays in flight until the test
+    sets ``hold_steps`` again (a handshake instead of a step that is merely slow).
+    """
 
     step_seconds = 0.002
 
@@ -34,6 +38,16 @@ class ToyPolicy(BasePolicy):
         super().__init__(*args, **kwargs)
         self.in_step = 0
         self.steps = 0
+        self.step_started = threading.Event()
+        self.hold_steps = threading.Event()
+        self.hold_steps.set()
+
+    def _in_flight(self) -> None:
+        self.step_started.set()
+        if not self.hold_steps.is_set():
+            assert self.hold_steps.wait(timeout=30), "the test never let the step finish"
+        else:
+            time.sleep(self.step_seconds)
 
     def construct_network(self, env_meta: Any, *args: Any, **kwargs: Any) -> None:
         self.net = nn.Linear(2, 1)
@@ -45,7 +59,7 @@ class ToyPolicy(BasePolicy):
     def rollout_step(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
         self.in_step += 1
         try:
-            time.sleep(self.step_seconds)
+            self._in_flight()
             self.steps += 1
             return PolicyResponse(env_id=env_ret.env_id, action=self.net(env_ret.observation.float()))
         finally:
@@ -81,6 +95,7 @@ class FakeSource:
         self.version = 0
         self.overlaps = 0
         self.commits: list[int] = []
+        self.staged = threading.Event()  # set once stage() returned new weights
         self.stage_gate = threading.Event()
         self.stage_gate.set()
         self.fail_next = False
@@ -101,6 +116,7 @@ class FakeSource:
         if policy.in_step:
             self.staged_during_step += 1
         value = float(self.version)
+        self.staged.set()
         return StagedWeights(
             version=self.version,
             state_dict={"net": {"weight": torch.full((1, 2), value), "bias": torch.full((1,), value)}},

@@ -52,12 +52,30 @@ def snapshot_problems(views: dict[str, dict[str, torch.Tensor]], version: int) -
     return problems
 
 
-def reader_loop(directory: str, last_version: str) -> None:
-    """Acquire snapshots as fast as possible until ``last_version``; report torn or mixed ones."""
+def reader_loop(directory: str, last_version: str, lockstep_rounds: str = "0") -> None:
+    """Acquire snapshots until ``last_version``; report torn or mixed ones.
+
+    First ``lockstep_rounds`` rounds in step with the test: on "pin" pin the newest snapshot and
+    say its version, hold it while the test commits the next version, re-check it on "check"
+    and let it go. Then as fast as possible, racing the writer.
+    """
     stop = int(last_version)
     reader = ShmReader(directory, verify=True).open()
     say(ready=True)
     snapshots, versions, problems = 0, set(), []
+    for _ in range(int(lockstep_rounds)):
+        assert json.loads(sys.stdin.readline()) == {"pin": True}
+        snap = reader.acquire()
+        assert snap is not None
+        try:
+            problems += snapshot_problems(snap.views, snap.version)
+            say(pinned=snap.version)
+            assert json.loads(sys.stdin.readline()) == {"check": True}  # a newer version is committed
+            problems += snapshot_problems(snap.views, snap.version)
+            snapshots += 1
+            versions.add(snap.version)
+        finally:
+            snap.release()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         snap = reader.acquire()

@@ -19,13 +19,24 @@ from tests.weights.procs import filled_state_dict, publish, snapshot_problems
 
 
 def test_concurrent_reader_processes_never_see_a_torn_or_mixed_snapshot(shm_dir: Path, helpers: list) -> None:
-    flips = 3000
+    flips, lockstep = 3000, 120
     with ShmWriter(shm_dir, slot_wait_timeout=30) as writer:
         publish(writer, 1)
-        helpers.extend(Helper("reader-loop", shm_dir, flips) for _ in range(3))
+        helpers.extend(Helper("reader-loop", shm_dir, flips, lockstep) for _ in range(3))
         for helper in helpers:
             assert helper.read()["ready"]
-        for version in range(2, flips + 1):
+        # In step first: every reader pins the newest version while the next one is committed
+        # (so the readers really raced the writer, however the machine schedules them)...
+        for version in range(2, lockstep + 2):
+            for helper in helpers:
+                helper.send({"pin": True})
+            for helper in helpers:
+                assert helper.read()["pinned"] == version - 1
+            publish(writer, version)
+            for helper in helpers:
+                helper.send({"check": True})
+        # ...then free-running: the writer waits for pins, readers take whatever is newest.
+        for version in range(lockstep + 2, flips + 1):
             publish(writer, version)
         results = [helper.read(timeout=120) for helper in helpers]
         for helper in helpers:

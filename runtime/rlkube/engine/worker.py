@@ -50,7 +50,7 @@ DRAIN_PUSH_SECONDS = 5.0
 
 
 class WorkerPlane(Protocol):
-    """The weight plane a worker drives: ``EvalWeightPlane`` in a pod, ``InProcessPlane`` in process."""
+    """The weight plane a worker drives: the job's ``EvalWeightPlane`` (a NullPlane in process)."""
 
     def attach(self, policy: BasePolicy) -> None: ...
 

@@ -39,7 +39,7 @@ from rlkube.launch.results import summary_from_json
 from rlkube.launch.train import ENGINES, env_meta
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import PolicySpec, RLJob, WeightStrategy
-from rlkube.weights.in_process import InProcessPlane, InProcessPublisher
+from rlkube.weights.in_process import InProcessPublisher, in_process_plane
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class InProcessRun:
             self.policy_cls,
             stop=worker_stop,
             client=InProcessClient(coordinator),
-            plane=InProcessPlane(publisher, worker_id=pod.pod_name, node_name=pod.node_name),
+            plane=in_process_plane(publisher, worker_id=pod.pod_name, node_name=pod.node_name),
         )
         failures: list[BaseException] = []
 

@@ -22,11 +22,9 @@ import shutil
 import socket
 import threading
 import time
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-import grpc
 import torch
 import torch.distributed as dist
 
@@ -55,7 +53,7 @@ from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import Engine, RLJob
 from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
-from rlkube.weights.service import weight_store_handler
+from rlkube.weights.service import PendingWeightStore
 
 logger = logging.getLogger(__name__)
 
@@ -66,16 +64,6 @@ ENGINES: dict[Engine, type[RankZeroEngine]] = {
     Engine.ASYNC: AsyncEngine,
     Engine.EVAL: EvalEngine,
 }
-
-
-class LateHandler(grpc.GenericRpcHandler):
-    """A gRPC service added to a running server once it exists (the WeightStore, after the rendezvous)."""
-
-    def __init__(self) -> None:
-        self.inner: grpc.GenericRpcHandler | None = None
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        return self.inner.service(handler_call_details) if self.inner is not None else None
 
 
 def env_meta(job: RLJob):
@@ -112,8 +100,10 @@ def advertised(env: PodEnv) -> str:
     return f"{rank_host(env, env.rank)}:{env.weight_port}"
 
 
-def open_publisher(job: RLJob, env: PodEnv, *, incarnation: str | None = None) -> WeightPublisher:
-    """This rank's weight publisher, serving on the weight port.
+def open_publisher(
+    job: RLJob, env: PodEnv, *, incarnation: str | None = None, peers: tuple[str, ...] = ()
+) -> WeightPublisher:
+    """This rank's weight publisher, serving on the weight port; it announces ``peers`` as sources.
 
     Rank 0 writes the node's shared buffer directory, so eval pods on its node read the slots
     directly; an eval pod's receiver that writes it (it took over while rank 0 restarted) hands it
@@ -128,6 +118,7 @@ def open_publisher(job: RLJob, env: PodEnv, *, incarnation: str | None = None) -
             shm_dir=directory,
             listen=f"{env.listen_host}:{env.weight_port}",
             advertise=advertised(env),
+            peers=peers,
             incarnation=incarnation,
         )
         try:
@@ -146,7 +137,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
     paths = RunPaths(env.run_dir)
     coordinator_port = int(env.coordinator_addr.rpartition(":")[2])
     server: CoordinatorServer | None = None
-    late = LateHandler()
+    weight_store = PendingWeightStore()  # on rank 0's coordinator server, served once publishing
     coordinator: Coordinator | None = None
     publisher: WeightPublisher | None = None
     if env.rank == 0:
@@ -165,7 +156,9 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             coordinator.journal = AckJournal(journal_dir, incarnation=coordinator.incarnation).open()
         bind_coordinator(coordinator)  # rank 0's /metrics reads it
         server = CoordinatorServer(
-            coordinator, address=f"{env.listen_host}:{coordinator_port}", extra_handlers=[late, POD.handler()]
+            coordinator,
+            address=f"{env.listen_host}:{coordinator_port}",
+            extra_handlers=[weight_store, POD.handler()],
         ).start()
         POD.ready()  # rank 0 is ready once its coordinator answers (eval workers wait on it)
         if done is not None:
@@ -204,12 +197,10 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         channel = RankChannel()
         # Every rank serves its copy (Sharded receivers fetch ranges from all of them) under one
         # incarnation, the coordinator's: eval workers learn it when they register, and fetches and
-        # loads name (incarnation, version).
+        # loads name (incarnation, version). Rank 0 announces the other ranks as sources of each version.
         ranks = channel.gather((advertised(env), coordinator.incarnation if coordinator is not None else ""))
-        publisher = open_publisher(job, env, incarnation=ranks[0][1])
-        if env.rank == 0:
-            peers = tuple(address for rank, (address, _) in enumerate(ranks) if rank != 0)
-            publisher.config = replace(publisher.config, peers=peers)
+        peers = tuple(address for address, _ in ranks[1:]) if env.rank == 0 else ()
+        publisher = open_publisher(job, env, incarnation=ranks[0][1], peers=peers)
         ctx = TrainContext(
             job=job,
             policy=policy,
@@ -223,7 +214,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         )
         if env.rank == 0:
             assert coordinator is not None
-            late.inner = weight_store_handler(publisher.board)
+            weight_store.serve(publisher.board)
             ENGINES[job.spec.engine](ctx).run()
         else:
             POD.ready()  # joined training

@@ -57,7 +57,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rlkube.envs.types import EnvRet, PolicyResponse
 from rlkube.policy.gates import AdmissionGate, IdleGate
-from rlkube.spec import BufferType
+from rlkube.spec import BufferType, WeightStrategy
 
 if TYPE_CHECKING:
     from rlkube.policy.weight_source import StagedWeights, WeightSource
@@ -229,7 +229,7 @@ class BasePolicy(nn.Module, ABC):
             self._admission = AdmissionGate()
         else:
             raise ValueError(f"invalid rollout mode {self.rollout_mode!r}: expected 'sync' or 'async'")
-        if self.weight_buffer_strategy != "None":
+        if self.config.weight_buffer.strategy is not WeightStrategy.NONE:  # None: sync() loads, no thread
             self._update_weights_signal = threading.Event()
             self._weight_update_done = threading.Event()
             self._weight_update_done.set()

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlkube.weight_key import WeightKey
+
 if TYPE_CHECKING:
     import torch
 
@@ -32,7 +34,11 @@ class StagedWeights:
     version: int
     state_dict: dict[str, dict[str, torch.Tensor]]
     handle: Any = None  # transport-specific (e.g. the pinned shm slot); released after commit
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: (incarnation, version) of the snapshot; None where the source does not tell incarnations apart.
+    key: WeightKey | None = None
+    #: (live tensor, its new storage) per parameter, prepared outside the gate, for a commit()
+    #: that swaps storage pointers instead of copying (empty where the source does not).
+    swaps: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class WeightSource(Protocol):

@@ -22,7 +22,7 @@ from rlkube.weights.errors import (
     WeightPlaneError,
     WriterBusyError,
 )
-from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
+from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane, NullPlane, ShmPlane
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
 from rlkube.weights.service import VersionBoard, weight_store_handler
 from rlkube.weights.wire import MAX_MESSAGE_BYTES
@@ -34,8 +34,10 @@ __all__ = [
     "FetchError",
     "IntegrityError",
     "LoadTracker",
+    "NullPlane",
     "PublisherConfig",
     "ShmError",
+    "ShmPlane",
     "SlotBusyError",
     "StaleVersionError",
     "VersionBoard",

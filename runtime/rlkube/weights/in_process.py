@@ -1,7 +1,8 @@
 """Weights within one process: strategy ``None`` without a stream (a direct load of the published state).
 
 I/O: none (memory only). ``rlkube run --in-process`` gives the rank-0 engine an
-:class:`InProcessPublisher` and the eval worker an :class:`InProcessPlane` reading from it:
+:class:`InProcessPublisher` and the eval worker the strategy-None plane
+(:class:`~rlkube.weights.plane.NullPlane`) reading from it (:func:`in_process_plane`):
 
 - ``send()`` copies the trainer's state dict once (the trainer goes on training while the eval
   worker may still roll out with the previous version) and announces ``(incarnation, version)``;
@@ -9,23 +10,29 @@ I/O: none (memory only). ``rlkube run --in-process`` gives the rank-0 engine an
   EVAL policy with ``load_state_dict`` (a second copy), between fragments, in the worker's
   thread; ``loaded_report()`` is the same ``ReportLoaded`` request a cluster worker sends.
 
-Nothing runs in the background, exactly as with strategy ``None`` in a cluster.
+Nothing runs in the background, exactly as with strategy ``None`` in a cluster: the plane is
+that strategy's, only its :class:`PublisherLoader` differs from the cluster's ``StreamLoader``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
-from rlkube._proto import policy_group_pb2 as pb
 from rlkube.policy.base import BasePolicy
+from rlkube.spec import WeightStrategy
 from rlkube.weight_key import WeightKey
 from rlkube.weights.layout import StateDict
+from rlkube.weights.plane import EvalPlaneConfig, NullPlane
 
 Snapshot = dict[str, dict[str, torch.Tensor]]
+
+#: How often a wait for a version looks at the worker's stop event (a run ends promptly).
+POLL_SECONDS = 0.25
 
 
 class InProcessPublisher:
@@ -64,68 +71,30 @@ class InProcessPublisher:
         pass
 
 
-class InProcessPlane:
-    """The eval worker's weight plane in process (the worker's ``WorkerPlane``, as ``EvalWeightPlane``)."""
+class PublisherLoader:
+    """Strategy None's loader in process: the newest published state, loaded with ``load_state_dict``."""
 
-    def __init__(self, publisher: InProcessPublisher, *, worker_id: str, node_name: str = "") -> None:
+    def __init__(self, publisher: InProcessPublisher) -> None:
         self.publisher = publisher
-        self.worker_id = worker_id
-        self.node_name = node_name
         self.current_key: WeightKey | None = None
-        self._load_seconds = 0.0
+        self.load_seconds = 0.0
 
-    def attach(self, policy: BasePolicy) -> None:
-        """Nothing to attach: strategy None has no weight source."""
-
-    def start(self, policy: BasePolicy) -> InProcessPlane:
-        return self
-
-    def loaded_key(self) -> WeightKey | None:
+    def load_newest(self, policy: BasePolicy, *, wait: float) -> WeightKey | None:
+        newest = self.publisher.wait_latest(newer_than=self.current_key, timeout=wait)
+        if newest is not None:
+            started = time.perf_counter()
+            policy.load_state_dict(newest[1])
+            policy.weight_version = newest[0].version
+            self.current_key, self.load_seconds = newest[0], time.perf_counter() - started
         return self.current_key
-
-    def sync(
-        self,
-        policy: BasePolicy,
-        *,
-        min_version: int = 0,
-        incarnation: str | None = None,
-        timeout: float = 60.0,
-        stop: threading.Event | None = None,
-        abandon: Callable[[], bool] | None = None,
-    ) -> WeightKey | None:
-        """Load the newest version, waiting (up to ``timeout``, or until ``stop``) for ``min_version``.
-
-        ``abandon`` is the cluster plane's hook for incarnation changes; in process there is one
-        incarnation, so it is never asked.
-        """
-        deadline = time.monotonic() + timeout
-
-        def satisfied(key: WeightKey | None) -> bool:
-            return key is not None and key.satisfies(min_version=min_version, incarnation=incarnation)
-
-        while True:
-            waiting = not satisfied(self.current_key)
-            left = min(0.25, deadline - time.monotonic()) if waiting else 0.0
-            newest = self.publisher.wait_latest(newer_than=self.current_key, timeout=left)
-            if newest is not None:  # any newer version is loaded, as StreamLoader does
-                started = time.perf_counter()
-                policy.load_state_dict(newest[1])
-                policy.weight_version = newest[0].version
-                self.current_key, self._load_seconds = newest[0], time.perf_counter() - started
-            if satisfied(self.current_key) or time.monotonic() >= deadline or (stop and stop.is_set()):
-                return self.current_key
-
-    def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest:
-        """What to send to ``PolicyGroup.ReportLoaded`` after a load (fingerprint computed here)."""
-        key = self.current_key or WeightKey("", 0)
-        return pb.ReportLoadedRequest(
-            worker_id=self.worker_id,
-            version=key.version,
-            incarnation=key.incarnation,
-            fingerprint=policy.get_param_fingerprint(),
-            load_seconds=self._load_seconds,
-            node_name=self.node_name,
-        )
 
     def close(self) -> None:
         pass
+
+
+def in_process_plane(publisher: InProcessPublisher, *, worker_id: str, node_name: str = "") -> NullPlane:
+    """The eval worker's weight plane in process: strategy None, reading ``publisher``."""
+    config = EvalPlaneConfig(
+        WeightStrategy.NONE, shm_dir=Path(), source="in-process", worker_id=worker_id, node_name=node_name
+    )
+    return NullPlane(config, loader=PublisherLoader(publisher), poll_seconds=POLL_SECONDS)

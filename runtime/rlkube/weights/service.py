@@ -2,7 +2,8 @@
 
 I/O (gRPC server threads). Every train rank runs one (:class:`WeightPublisher` starts it), so
 a Sharded receiver can fetch byte ranges from several ranks at once. :func:`weight_store_handler`
-returns the handler alone, for a coordinator that wants WeightStore on its own server.
+returns the handler alone, for a coordinator that wants WeightStore on its own server
+(:class:`PendingWeightStore` when that server starts before the publisher exists).
 
 * ``GetLayout(digest)``: the layout of a version still held (empty digest: the newest).
 * ``WatchWeights(after)``: a server stream of versions newer than ``after`` (a different
@@ -237,6 +238,26 @@ def weight_store_handler(board: VersionBoard) -> grpc.GenericRpcHandler:
             ),
         },
     )
+
+
+class PendingWeightStore(grpc.GenericRpcHandler):
+    """WeightStore on a server that starts before its publisher exists: unanswered until :meth:`serve`.
+
+    Train rank 0's coordinator server answers before the rendezvous (the other ranks ask it
+    whether the job is over before they join), its publisher is built from what the rendezvous
+    gathers (the peers' addresses, the incarnation), and gRPC takes no handler once a server
+    runs. Until ``serve(board)`` a call is answered as by a server without the service.
+    """
+
+    def __init__(self) -> None:
+        self._handler: grpc.GenericRpcHandler | None = None
+
+    def serve(self, board: VersionBoard) -> None:
+        """Answer WeightStore calls from ``board`` (a connected publisher's) from now on."""
+        self._handler = weight_store_handler(board)
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self._handler.service(handler_call_details) if self._handler is not None else None
 
 
 def serve_weight_store(

@@ -161,11 +161,8 @@ class ShmWeightSource:
             version=snap.version,
             state_dict=tensors,
             handle=handle,
-            extra={
-                "key": snap.key,
-                "pairs": swap_pairs(bindings, tensors),
-                "published_at": snap.meta.published_at,
-            },
+            key=snap.key,
+            swaps=swap_pairs(bindings, tensors),
         )
 
     def _fill_shadow(self, policy: BasePolicy, snap: Snapshot) -> dict[str, dict[str, torch.Tensor]]:
@@ -184,13 +181,13 @@ class ShmWeightSource:
         try:
             with self._lock:
                 if swaps_pointers(policy):
-                    swap_in(staged.extra["pairs"])
+                    swap_in(staged.swaps)
                     previous, self._held = self._held, staged.handle
                 else:
                     policy.load_state_dict(staged.state_dict)  # the policy's own (copying) load
                 if self._shadows is not None and self.mode == "copy":
                     self._shadows.in_use = 1 - self._shadows.in_use
-                self.current_key = staged.extra["key"]
+                self.current_key = staged.key
         finally:
             if previous is not None:
                 self._to_release.append(previous)
