@@ -116,6 +116,24 @@ def test_a_lost_life_ends_the_policys_episode_and_the_user_is_shown_whole_games(
     assert all(n % 4 == 0 and n > 5 * 4 for n in games)  # raw frames: agent steps x frameSkip 4
 
 
+def test_the_returns_shown_are_the_raw_games_not_the_clipped_rewards_the_policy_sees() -> None:
+    # Space Invaders scores 5-30 per alien; ClipReward sign gives the policy 1 for each.
+    env = breakout_env(2) | {"id": "ALE/SpaceInvaders-v5"}
+    env["wrappers"] = [*env["wrappers"], {"type": "TimeLimit", "maxEpisodeSteps": 200}]
+    with envpool_group(env) as group:
+        group.reset()
+        actions = torch.Generator().manual_seed(0)
+        rets = [group.step(torch.randint(0, 6, (2,), generator=actions)) for _ in range(200)]
+        returns, lengths = group.pop_finished_episodes()
+    clipped = torch.stack([r.reward for r in rets])
+    assert set(clipped.unique().tolist()) <= {0.0, 1.0}
+    assert rets[-1].truncated.all()
+    assert lengths == [800, 800]  # 200 agent steps x frameSkip 4
+    assert clipped.sum() > 0
+    for i in range(2):  # the game's points, unclipped
+        assert returns[i] >= 5 * clipped[:, i].sum().item()
+
+
 def test_an_unknown_envpool_id_is_refused_naming_the_backend_and_the_id() -> None:
     with pytest.raises(EnvError, match=r"spec.env.id: got 'ALE/Breakout-v9'.*envpool backend"):
         envpool_group({"id": "ALE/Breakout-v9"})
