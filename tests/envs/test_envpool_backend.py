@@ -18,6 +18,7 @@ import torch
 import yaml
 from rlkube.envs.group import EnvError, EnvGroup
 from rlkube.jobfile import load_job
+from rlkube.launch.preflight import preflight
 from rlkube.spec import EnvSpec
 
 pytest.importorskip("envpool")
@@ -139,6 +140,12 @@ def test_an_unknown_envpool_id_is_refused_naming_the_backend_and_the_id() -> Non
         envpool_group({"id": "ALE/Breakout-v9"})
     with pytest.raises(EnvError, match=r"spec\.env\.wrappers\[0\] \(ScaleReward\)"):
         envpool_group({"id": "CartPole-v1", "wrappers": [{"type": "ScaleReward", "scale": 2.0}]})
+
+
+def test_the_breakout_reference_job_on_envpool_passes_every_preflight_check() -> None:
+    checks = preflight(load_job(BREAKOUT, ["spec.env.vectorization=envpool"]))
+    assert checks.ok, checks.refusal
+    assert "spec.env.id: 'ALE/Breakout-v5' is envpool's 'Breakout-v5'" in checks.checked[-1]
 
 
 def unknown_id_job(tmp_path: Path) -> Path:
