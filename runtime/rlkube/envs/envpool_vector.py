@@ -111,13 +111,13 @@ class EnvpoolVector:
         obs, reward = self._obs(obs)[order], np.asarray(reward)[order]
         terminated, truncated = np.asarray(terminated, bool)[order], np.asarray(truncated, bool)[order]
         out = self._info(info, order)
-        self._returns += np.asarray(info.get("reward", reward), dtype=np.float64)[order]
+        self._returns += self._raw_reward(reward, info)[order]
         done = terminated | truncated
         if done.any():
             ended = np.flatnonzero(done).astype(np.int32)
-            final = obs.copy()
-            first, *_, reset_info = self._pool.step(np.asarray(actions)[ended], env_id=ended)
+            first, first_reward, *_, reset_info = self._pool.step(np.asarray(actions)[ended], env_id=ended)
             rows = np.asarray(reset_info["env_id"])
+            final = obs  # a copy already (indexed by order): the reset below does not change it
             obs = obs.copy()
             obs[rows] = self._obs(first)
             game_over = (
@@ -129,7 +129,13 @@ class EnvpoolVector:
             out[EPISODE_KEY] = {"r": self._returns.copy(), "l": lengths}
             out[f"_{EPISODE_KEY}"] = real_end
             self._returns[real_end] = 0.0
+            self._returns[rows] += self._raw_reward(first_reward, reset_info)  # a lost life's reset
         return obs, reward, terminated, truncated, out
+
+    def _raw_reward(self, reward: np.ndarray, info: dict[str, Any]) -> np.ndarray:
+        """envpool's Atari reward before ``reward_clip`` is ``info["reward"]``."""
+        raw = info["reward"] if self.options.is_atari and "reward" in info else reward
+        return np.asarray(raw, dtype=np.float64)
 
     def _obs(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs)
