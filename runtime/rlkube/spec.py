@@ -418,8 +418,11 @@ class EnvSpec(_Model):  # type: ignore[no-redef]  # mypy's pydantic plugin: a fi
     )
     num_envs: PositiveInt = Field(8, le=4096, description="Environments per eval replica.")
     kwargs: Config = Field(default_factory=Config, description="Keyword arguments for gymnasium.make.")
-    vectorization: Literal["sync", "async"] = Field(
-        "sync", description="gymnasium vector mode: 'sync' steps in-process, 'async' in subprocesses."
+    vectorization: Literal["sync", "async", "envpool"] = Field(
+        "sync",
+        description="How the envs are stepped: gymnasium's 'sync' (in-process) or 'async' (in "
+        "subprocesses), or 'envpool' (C++ threads; the id must be one envpool has, and each wrapper "
+        "maps to an envpool option or the job is refused).",
     )
     imports: list[str] = Field(
         default_factory=list,

@@ -70,6 +70,15 @@ def test_fire_reset_presses_fire_after_each_reset() -> None:
         FireReset(EpisodicLife(_NoFire()))
 
 
+def test_fire_reset_keeps_the_whole_game_that_its_reset_reports() -> None:
+    # CleanRL's Atari order: each reset (a new life too) presses FIRE, which plays one step. The
+    # game (3 lives x 2 steps, reward 2) is reported when FIRE follows the game's real reset.
+    with group("RlkubeLives-v0", [{"type": "EpisodicLife"}, {"type": "FireReset"}], num_envs=1) as g:
+        rets = play(g, 3, action=2)
+        assert [bool(r.terminated[0]) for r in rets] == [True, True, True]
+        assert g.pop_finished_episodes() == ([12.0], [8])  # 6 played steps, 2 no-ops
+
+
 class _NoFire(LivesEnv):
     def get_action_meanings(self) -> list[str]:
         return ["NOOP", "UP"]

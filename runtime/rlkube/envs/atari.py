@@ -57,8 +57,12 @@ class FireReset(gym.Wrapper):  # type: ignore[type-arg]
             raise ValueError(f"FireReset needs action 1 to be FIRE; this game's actions are {meanings}")
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        # The reset's info is kept under the FIRE step's: it carries the episode that just ended
+        # (rlkube.envs.wrappers.EPISODE_KEY), as gymnasium's AtariPreprocessing keeps it.
         obs, info = self.env.reset(**kwargs)
-        obs, _, terminated, truncated, info = self.env.step(1)
+        obs, _, terminated, truncated, step_info = self.env.step(1)
+        info = {**info, **step_info}
         if terminated or truncated:
-            obs, info = self.env.reset(**kwargs)
+            obs, again = self.env.reset(**kwargs)
+            info = {**info, **again}
         return obs, info

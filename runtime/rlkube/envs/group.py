@@ -3,8 +3,10 @@
 Env ``i`` of eval replica ``r`` has the id ``"r-i"``; the rollout loop splits each batched EnvRet
 into one request per env unless the policy declares batched requests (``rlkube.engine.rollout``).
 
-I/O: creates environments (in-process, or in subprocesses with ``vectorization: async``). The
-group uses gymnasium's same-step autoreset: when an env's episode ends at a step, the EnvRet of
+I/O: creates environments (in-process, or in subprocesses with ``vectorization: async``, or in
+envpool's C++ threads with ``vectorization: envpool``, :mod:`rlkube.envs.envpool_vector`, which
+gives the same results as a gymnasium vector env in the mode below). The group uses gymnasium's
+same-step autoreset: when an env's episode ends at a step, the EnvRet of
 that step already holds the first observation of its next episode in ``observation``, and the last
 observation of the episode that ended in ``final_observation``. ``final_observation`` is a full
 ``[N, ...]`` tensor: rows of envs that did not end repeat ``observation``, so it is always the true
@@ -28,6 +30,8 @@ import numpy as np
 import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
+from rlkube.envs.envpool_options import BACKEND as ENVPOOL
+from rlkube.envs.envpool_vector import EnvpoolVector, resolve
 from rlkube.envs.types import EnvMeta, EnvRet
 from rlkube.envs.wrappers import finished_episodes, wrap_env
 
@@ -60,6 +64,26 @@ def check_env_id(env_id: str, imports: Iterable[str] = ()) -> None:
         gym.spec(env_id)
     except gym.error.Error as exc:
         raise EnvError(f"spec.env.id: got {env_id!r}, expected a registered gymnasium id ({exc})") from None
+
+
+def check_env(env: EnvSpec) -> str:
+    """Raise :class:`EnvError` naming the field unless ``spec.env`` can be made by its backend.
+
+    Makes no env: gymnasium's registry, or envpool's list and its options for the wrappers.
+    Returns what was checked, one line.
+    """
+    if env.vectorization != ENVPOOL:
+        check_env_id(env.id, env.imports)
+        return f"spec.env.id: {env.id!r} is a registered gymnasium id"
+    import_env_modules(env.imports)
+    try:
+        options = resolve(env.id, kwargs=_plain(env.kwargs), wrappers=tuple(env.wrappers))
+    except ValueError as exc:
+        raise EnvError(str(exc)) from None
+    return (
+        f"spec.env.id: {env.id!r} is envpool's {options.task_id!r} (spec.env.vectorization: envpool), "
+        "which applies spec.env.wrappers and kwargs natively"
+    )
 
 
 def _make_env(
@@ -101,10 +125,40 @@ class EnvGroup:
         self.seed = seed
         self.clip_actions = clip_actions
         imports = tuple(imports)
-        check_env_id(env_id, imports)
         env_kwargs = _plain(kwargs or {})
-        self._max_episode_steps = env_kwargs.get("max_episode_steps", gym.spec(env_id).max_episode_steps)
         wrappers = tuple(wrappers)
+        self.envs: SyncVectorEnv | AsyncVectorEnv | EnvpoolVector
+        if vectorization == ENVPOOL:
+            import_env_modules(imports)
+            try:
+                self.envs = EnvpoolVector(
+                    resolve(env_id, kwargs=env_kwargs, wrappers=wrappers), num_envs=num_envs
+                )
+            except ValueError as exc:
+                raise EnvError(str(exc)) from None
+            self._max_episode_steps: int | None = self.envs.max_episode_steps
+        else:
+            self._make_gymnasium(env_id, env_kwargs, vectorization, imports, wrappers)
+        self.single_observation_space = self.envs.single_observation_space
+        self.single_action_space = self.envs.single_action_space
+        #: ``"<replica>-<index>"``: unique within a job, stable across restarts of the replica.
+        self.env_ids: list[str] = [f"{replica}-{i}" for i in range(num_envs)]
+        self._finished_returns: list[float] = []
+        self._finished_lengths: list[int] = []
+        self._meta: EnvMeta | None = None
+        self._closed = False
+
+    def _make_gymnasium(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any],
+        vectorization: str,
+        imports: tuple[str, ...],
+        wrappers: tuple[WrapperSpec, ...],
+    ) -> None:
+        num_envs = self.num_envs
+        check_env_id(env_id, imports)
+        self._max_episode_steps = env_kwargs.get("max_episode_steps", gym.spec(env_id).max_episode_steps)
         for wrapper in wrappers:
             if wrapper.type == "TimeLimit":
                 self._max_episode_steps = wrapper.max_episode_steps  # type: ignore[union-attr]
@@ -115,7 +169,9 @@ class EnvGroup:
         elif vectorization == "async":
             vector_cls = AsyncVectorEnv
         else:
-            raise EnvError(f"spec.env.vectorization: got {vectorization!r}, expected 'sync' or 'async'")
+            raise EnvError(
+                f"spec.env.vectorization: got {vectorization!r}, expected 'sync', 'async' or 'envpool'"
+            )
         # Async env processes are spawned, never forked: an eval worker has live gRPC threads
         # (its coordinator channel) by the time it builds the evaluation envs.
         options: dict[str, Any] = {"context": "spawn"} if vector_cls is AsyncVectorEnv else {}
@@ -125,14 +181,6 @@ class EnvGroup:
             raise EnvError(f"spec.env.kwargs: {env_id} refused them: {exc}") from exc
         except ValueError as exc:  # a wrapper that does not fit the env (named by wrap_env)
             raise EnvError(str(exc)) from exc
-        self.single_observation_space = self.envs.single_observation_space
-        self.single_action_space = self.envs.single_action_space
-        #: ``"<replica>-<index>"``: unique within a job, stable across restarts of the replica.
-        self.env_ids: list[str] = [f"{replica}-{i}" for i in range(num_envs)]
-        self._finished_returns: list[float] = []
-        self._finished_lengths: list[int] = []
-        self._meta: EnvMeta | None = None
-        self._closed = False
 
     @classmethod
     def from_spec(cls, env: EnvSpec, *, base_seed: int, replica_index: int = 0) -> EnvGroup:

@@ -17,7 +17,9 @@ policy                     ``spec.policy.type`` is registered as a BasePolicy   
 buffer                     the policy learns from ``spec.buffer.type``              BufferNotSupported
                            (``BasePolicy.supported_buffers``)
 policy config              the policy accepts its algoCfg/modelCfg/optimCfg         PolicyConfigInvalid
-env                        ``spec.env.id`` is a registered gymnasium id             EnvNotFound
+env                        ``spec.env.id`` is a registered gymnasium id, or with    EnvNotFound
+                           ``vectorization: envpool`` an id envpool has whose
+                           wrappers and kwargs map to its options
 checkpoint (if asked)      ``spec.checkpoint.path`` is a file or a checkpoint dir   CheckpointNotFound
 =========================  =======================================================  ====================
 """
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkube.contract import FailureReason
-from rlkube.envs.group import EnvError, check_env_id
+from rlkube.envs.group import EnvError, check_env
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.policy.registry import POLICIES, import_modules
 from rlkube.spec import Engine, RLJob, SpecError
@@ -132,11 +134,11 @@ def preflight(job: RLJob, *, check_checkpoint: bool = False) -> Preflight:
         return result
     result.checked.append(f"spec.policy: {spec.policy.type} accepts its algoCfg, modelCfg and optimCfg")
     try:
-        check_env_id(spec.env.id, spec.env.imports)
+        env_checked = check_env(spec.env)
     except EnvError as exc:
         result.refusal = Refusal(FailureReason.ENV_NOT_FOUND, (str(exc),))
         return result
-    result.checked.append(f"spec.env.id: {spec.env.id!r} is a registered gymnasium id")
+    result.checked.append(env_checked)
     if check_checkpoint and spec.checkpoint.path:
         target = checkpoint_file(spec.checkpoint.path)
         if not target.is_file():
