@@ -13,10 +13,12 @@ import time
 from typing import Any
 
 import pytest
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.emulator.store import WatchEvent
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl, job_document
-from tests.operator.emulator.store import WatchEvent
-from tests.operator.harness import FakeCoordinators, OperatorProcess, wait_for
 
 #: What the issue asks of a deleted child: back within this many seconds.
 RESTORE_WITHIN = 10.0

@@ -6,7 +6,7 @@ kubectl learns that the server validates fields itself, so ``kubectl apply`` nee
 ``--validate=false`` and a typo is refused by the server's strict decoding) and one schema per
 kind with its ``x-kubernetes-group-version-kind`` (what ``kubectl explain`` looks for). Custom
 resources carry their CRD's schema; built-in kinds an open object schema (the emulator checks
-them with its own validation, see :mod:`tests.operator.emulator.validation`).
+them with its own validation, see :mod:`rlkube_devcluster.emulator.validation`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from tests.operator.emulator.resources import ResourceType
+from rlkube_devcluster.emulator.resources import ResourceType
 
 #: The query parameters of a write, as the API server declares them.
 WRITE_PARAMETERS = ("dryRun", "fieldManager", "fieldValidation")

@@ -25,9 +25,9 @@ from typing import Any
 
 import kmock
 
-from tests.operator.emulator import schema as crdschema
-from tests.operator.emulator import validation
-from tests.operator.emulator.resources import BUILTINS, ResourceType, from_crd
+from rlkube_devcluster.emulator import schema as crdschema
+from rlkube_devcluster.emulator import validation
+from rlkube_devcluster.emulator.resources import BUILTINS, ResourceType, from_crd
 
 #: Versions of one object kept in kmock's history (tests look at recent ones; memory stays flat).
 HISTORY_KEPT = 16
