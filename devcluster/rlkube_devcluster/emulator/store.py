@@ -25,6 +25,7 @@ from typing import Any
 
 import kmock
 
+from rlkube_devcluster.emulator import builtin_openapi
 from rlkube_devcluster.emulator import schema as crdschema
 from rlkube_devcluster.emulator import validation
 from rlkube_devcluster.emulator.resources import BUILTINS, ResourceType, from_crd
@@ -45,6 +46,18 @@ def api_error(status: int, reason: str, message: str, **details: Any) -> kmock.K
     return kmock.KubernetesError(
         status=status, reason=reason, message=message, details=details or {"causes": []}
     )
+
+
+def _refuse_unknown(rtype: ResourceType, unknown: list[str]) -> None:
+    """The API server's answer to unknown fields under ``fieldValidation=Strict``."""
+    if unknown:
+        quoted = ", ".join(f'unknown field "{path}"' for path in unknown)
+        raise api_error(
+            400,
+            "BadRequest",
+            f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: '
+            f"strict decoding error: {quoted}",
+        )
 
 
 def invalid_error(rtype: ResourceType, obj: dict[str, Any], problems: list[str]) -> kmock.KubernetesError:
@@ -293,15 +306,21 @@ class Store:
         return obj
 
     def _admit(self, rtype: ResourceType, obj: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
+        if rtype.schema is None:
+            builtin = builtin_openapi.kind_name(rtype.group, rtype.version, rtype.kind)
+            if builtin is not None:
+                # Decoding into the kind's Go type: an unknown field is an error when strict, else dropped.
+                if strict:
+                    _refuse_unknown(rtype, builtin_openapi.unknown_fields(builtin, obj))
+                obj = builtin_openapi.prune(builtin, obj)
         invalid = validation.problems(rtype.kind, obj)
         if invalid:
             raise invalid_error(rtype, obj, invalid)
         if rtype.schema is None:
             return obj
         unknown = crdschema.unknown_fields(rtype.schema, {k: v for k, v in obj.items() if k != "metadata"})
-        if strict and unknown:
-            quoted = ", ".join(f'unknown field "{path}"' for path in unknown)
-            raise api_error(400, "BadRequest", f"strict decoding error: {quoted}")
+        if strict:
+            _refuse_unknown(rtype, unknown)
         stored, problems = crdschema.admit(rtype.schema, obj)
         if problems:
             raise invalid_error(rtype, obj, problems)
