@@ -25,9 +25,8 @@ from typing import Any
 
 import kmock
 
-from rlkube_devcluster.emulator import builtin_openapi
+from rlkube_devcluster.emulator import builtin_openapi, validation
 from rlkube_devcluster.emulator import schema as crdschema
-from rlkube_devcluster.emulator import validation
 from rlkube_devcluster.emulator.resources import BUILTINS, ResourceType, from_crd
 
 #: Versions of one object kept in kmock's history (tests look at recent ones; memory stays flat).
