@@ -142,8 +142,9 @@ def operator_markdown() -> str:
         "`runs/cluster/logs`). `--kubelet ready --simulate-training` runs nothing: pods are reported",
         "Ready and each job's coordinator is faked, so phases, columns and `kubectl wait` can be",
         "watched in seconds. The emulator serves OpenAPI v3, so `kubectl apply` validates as against a",
-        "real API server (strict field validation: a misspelled field is refused) and `kubectl explain",
-        "rlj.spec` works.",
+        "real API server (strict field validation: a misspelled field is refused, in the RLJob and in",
+        "the built-in kinds, whose schemas are Kubernetes' own) and `kubectl explain rlj.spec` or",
+        "`kubectl explain sts.spec` works.",
     ]
     lines += ["", "## RBAC", "", "Exactly what the operator uses (`operator/rlkube_operator/rbac.py`).", ""]
     lines += ["| scope | apiGroups | resources | verbs | why |", "|---|---|---|---|---|"]

@@ -209,6 +209,17 @@ def test_a_typo_in_a_statefulset_update_is_refused_and_it_is_unchanged(k: Kubect
     assert after["spec"] == before["spec"]
 
 
+def test_a_value_of_the_wrong_type_in_a_statefulset_is_refused_as_the_decoder_refuses_it(k: Kubectl) -> None:
+    document = statefulset(ports=[{"containerPort": "http"}])
+    result = apply(k, document, "--validate=false")
+    assert result.returncode != 0
+    assert (
+        "json: cannot unmarshal string into Go struct field "
+        "ContainerPort.spec.template.spec.containers.ports.containerPort of type int32"
+    ) in result.stderr
+    assert k.get("statefulset", "web") is None
+
+
 def test_server_side_apply_of_a_built_in_kind_is_strict_too(k: Kubectl) -> None:
     configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "datas": {"a": "b"}}
     result = apply(k, configmap, "--server-side")

@@ -193,3 +193,83 @@ def _prune(schema: dict[str, Any], value: Any) -> Any:
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         return [_prune(schema["items"], item) for item in value if item is not None]
     return value
+
+
+def decode_error(name: str, value: Any) -> str | None:
+    """The JSON decoder's complaint about the first value of the wrong type, None if none is.
+
+    In the Go decoder's words: ``json: cannot unmarshal string into Go struct field
+    StatefulSetSpec.spec.replicas of type int32``. Quantities and int-or-strings take either.
+    """
+    return _decode(_definitions().get(name, {}), value, "", name.rsplit(".", 1)[-1])
+
+
+_JSON_KINDS = {dict: "object", list: "array", str: "string", bool: "bool"}
+_ACCEPTS = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+}
+
+
+def _ref_name(schema: dict[str, Any]) -> str | None:
+    ref = schema.get("$ref") or (schema.get("allOf") or [{}])[0].get("$ref")
+    return ref.removeprefix(COMPONENTS_REF) if ref else None
+
+
+def _go_type(schema: dict[str, Any]) -> str:
+    ref = _ref_name(schema)
+    if ref is not None:
+        return ".".join(ref.rsplit(".", 2)[-2:])
+    kind = schema.get("type")
+    if kind == "integer":
+        return str(schema.get("format") or "int")
+    if kind == "number":
+        return "float64"
+    if kind == "boolean":
+        return "bool"
+    if kind == "array":
+        return "[]" + _go_type(schema.get("items") or {})
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return "map[string]" + _go_type(schema["additionalProperties"])
+    return str(kind or "interface {}")
+
+
+def _decode(schema: dict[str, Any], value: Any, path: str, struct: str) -> str | None:
+    described = schema
+    ref = _ref_name(schema)
+    schema = _resolved(schema)
+    if value is None or "oneOf" in schema:
+        return None
+    kind = schema.get("type")
+    accepted = _ACCEPTS.get(kind) if isinstance(kind, str) else None
+    if accepted is not None:
+        wrong = not isinstance(value, accepted) or (kind in ("integer", "number") and isinstance(value, bool))
+        if kind == "integer" and isinstance(value, float) and value.is_integer():
+            wrong = False
+        if wrong:
+            shown = _JSON_KINDS.get(type(value), "number")
+            if kind == "integer" and isinstance(value, float):
+                shown = f"number {value}"
+            return (
+                f"json: cannot unmarshal {shown} into Go struct field {struct}.{path} "
+                f"of type {_go_type(described)}"
+            )
+    inner = ref.rsplit(".", 1)[-1] if ref else struct
+    if isinstance(value, dict):
+        props, extra = _fields(schema)
+        for key, item in value.items():
+            if props is not None and key in props:
+                error = _decode(props[key], item, f"{path}.{key}" if path else key, inner)
+            else:  # a map's value: Go names the map field
+                error = None if extra is None else _decode(extra, item, path, inner)
+            if error:
+                return error
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            if error := _decode(schema["items"], item, path, inner):
+                return error
+    return None

@@ -47,16 +47,20 @@ def api_error(status: int, reason: str, message: str, **details: Any) -> kmock.K
     )
 
 
+def _undecodable(rtype: ResourceType, why: str) -> kmock.KubernetesError:
+    """The API server's answer to a body it cannot decode into the kind."""
+    return api_error(
+        400,
+        "BadRequest",
+        f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: {why}',
+    )
+
+
 def _refuse_unknown(rtype: ResourceType, unknown: list[str]) -> None:
     """The API server's answer to unknown fields under ``fieldValidation=Strict``."""
     if unknown:
         quoted = ", ".join(f'unknown field "{path}"' for path in unknown)
-        raise api_error(
-            400,
-            "BadRequest",
-            f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: '
-            f"strict decoding error: {quoted}",
-        )
+        raise _undecodable(rtype, f"strict decoding error: {quoted}")
 
 
 def invalid_error(rtype: ResourceType, obj: dict[str, Any], problems: list[str]) -> kmock.KubernetesError:
@@ -308,7 +312,11 @@ class Store:
         if rtype.schema is None:
             builtin = builtin_openapi.kind_name(rtype.group, rtype.version, rtype.kind)
             if builtin is not None:
-                # Decoding into the kind's Go type: an unknown field is an error when strict, else dropped.
+                # Decoding into the kind's Go type: a value of the wrong type is an error; an unknown
+                # field is one when strict, else dropped.
+                wrong = builtin_openapi.decode_error(builtin, obj)
+                if wrong:
+                    raise _undecodable(rtype, wrong)
                 if strict:
                     _refuse_unknown(rtype, builtin_openapi.unknown_fields(builtin, obj))
                 obj = builtin_openapi.prune(builtin, obj)
