@@ -22,6 +22,8 @@ DEMO_JOB ?= examples/cartpole.yaml
 DEMO_ARGS ?= --nodes 2 --summary runs/demo-summary.json
 PYTEST_ARGS ?=
 CLUSTER_ARGS ?=
+# The dev cluster's source root (package rlkube_devcluster): in the repository, not in the wheel.
+DEVCLUSTER := devcluster
 
 .PHONY: demo test test-quick test-all lint generate cluster bench gpu-check clean
 
@@ -63,7 +65,7 @@ DELIVERY_YAML := charts/rlkube/Chart.yaml charts/rlkube/values.yaml charts/rlkub
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/lint-imports
+	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(VENV)/bin/yamllint --strict -c tests/delivery/yamllint.yaml $(DELIVERY_YAML)
 	$(VENV)/bin/shellcheck $(SHELLCHECK_ARGS) e2e/run.sh benchmarks/gpu_check.sh
@@ -73,7 +75,7 @@ generate: $(VENV)/.dev
 	$(PY) scripts/generate.py
 
 cluster: $(VENV)/.dev
-	$(PY) -m tests.operator.cluster $(CLUSTER_ARGS)
+	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m rlkube_devcluster $(CLUSTER_ARGS)
 
 bench: $(VENV)/.base
 	$(PIP) install --quiet -e ".[bench]"

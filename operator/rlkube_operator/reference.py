@@ -132,8 +132,8 @@ def operator_markdown() -> str:
         "",
         "## Trying it without a cluster",
         "",
-        "`make cluster` (`python -m tests.operator.cluster [--kubelet process|ready] [--nodes N]`)",
-        "starts the API emulator of tests/operator with this operator and prints the KUBECONFIG to",
+        "`make cluster` (`python -m rlkube_devcluster [--kubelet process|ready] [--nodes N]`)",
+        "starts the API emulator of devcluster/ with this operator and prints the KUBECONFIG to",
         "export. Its kubelet runs the pods of the StatefulSets as local processes (`rlkube pod` with",
         "the env a cluster gives them, one simulated node per shared-memory directory, the job's",
         "service names mapped to ports on 127.0.0.1; see docs/cluster-in-a-box.md), so",
@@ -142,8 +142,9 @@ def operator_markdown() -> str:
         "`runs/cluster/logs`). `--kubelet ready --simulate-training` runs nothing: pods are reported",
         "Ready and each job's coordinator is faked, so phases, columns and `kubectl wait` can be",
         "watched in seconds. The emulator serves OpenAPI v3, so `kubectl apply` validates as against a",
-        "real API server (strict field validation: a misspelled field is refused) and `kubectl explain",
-        "rlj.spec` works.",
+        "real API server (strict field validation: a misspelled field is refused, in the RLJob and in",
+        "the built-in kinds, whose schemas are Kubernetes' own) and `kubectl explain rlj.spec` or",
+        "`kubectl explain sts.spec` works.",
     ]
     lines += ["", "## RBAC", "", "Exactly what the operator uses (`operator/rlkube_operator/rbac.py`).", ""]
     lines += ["| scope | apiGroups | resources | verbs | why |", "|---|---|---|---|---|"]

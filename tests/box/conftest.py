@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from rlkube.launch.processes import RestartBackOff
+from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.emulator.store import WatchEvent
+from rlkube_devcluster.kubelet.process_kubelet import ProcessKubelet
 
 from tests.operator.conftest import Kubectl
-from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.emulator.process_kubelet import ProcessKubelet
-from tests.operator.emulator.store import WatchEvent
 from tests.operator.harness import ROOT
 
 _COUNTER = itertools.count()

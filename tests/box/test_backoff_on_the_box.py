@@ -9,10 +9,11 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.box.conftest import Box
 from tests.operator.conftest import Kubectl
-from tests.operator.harness import OperatorProcess, wait_for
 from tests.run_policy.jobs import CRASHES_TO_FAIL, crashing_job
 
 pytestmark = pytest.mark.slow

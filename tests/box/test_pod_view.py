@@ -17,20 +17,20 @@ import pytest
 from rlkube import contract as c
 from rlkube.contract import Role, read_pod_env
 from rlkube.spec import parse_job
-from rlkube_operator.render import render_eval_statefulset, render_train_statefulset
-from rlkube_operator.settings import RenderSettings
-
-from tests.conftest import MINIMAL_JOB
-from tests.delivery.test_dockerfile import FINAL
-from tests.operator.emulator.controllers import StatefulSetController, pod_environment, template_revision
-from tests.operator.emulator.podnet import JobPorts, ServiceProxy, cluster_addresses
-from tests.operator.emulator.sandbox import (
+from rlkube_devcluster.emulator.controllers import StatefulSetController, pod_environment, template_revision
+from rlkube_devcluster.kubelet.podnet import JobPorts, ServiceProxy, cluster_addresses
+from rlkube_devcluster.kubelet.sandbox import (
     IMAGE_ENTRYPOINT,
     Node,
     PodSandbox,
     SandboxError,
     container_command,
 )
+from rlkube_operator.render import render_eval_statefulset, render_train_statefulset
+from rlkube_operator.settings import RenderSettings
+
+from tests.conftest import MINIMAL_JOB
+from tests.delivery.test_dockerfile import FINAL
 
 SETTINGS = RenderSettings(default_image="rlkube:test")
 

@@ -9,9 +9,10 @@ import json
 import re
 from typing import Any
 
+from rlkube_devcluster.waiting import wait_for
+
 from tests.box.conftest import Box, alive, pid_of, python_container, running_pods, statefulset
 from tests.operator.conftest import Kubectl
-from tests.operator.harness import wait_for
 
 #: Writes its env to <claim>/<pod>.json, then sleeps until stopped.
 REPORT_ENV = """

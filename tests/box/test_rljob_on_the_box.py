@@ -26,10 +26,12 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
 from rlkube.security.credential import Credential
 from rlkube.security.grpc_auth import open_channel
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.box.conftest import Box, Seen, alive, pid_of
 from tests.operator.conftest import Kubectl
-from tests.operator.harness import OperatorProcess, kubectl, wait_for
+from tests.operator.harness import kubectl
 from tests.runtime.slow_env import ENV_ID as SLOW_ENV
 
 pytestmark = pytest.mark.slow

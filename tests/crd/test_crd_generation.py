@@ -12,10 +12,10 @@ import celpy
 import pytest
 import yaml
 from rlkube.spec import CROSS_FIELD_RULES, parse_job
+from rlkube_devcluster.emulator.schema import apply_defaults
 from rlkube_operator.crd import build_crd
 
 from tests.conftest import MINIMAL_JOB
-from tests.operator.emulator.schema import apply_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -35,7 +35,7 @@ def test_services_do_not_carry_the_metrics_port() -> None:
 
 
 def test_the_cluster_in_a_box_gives_every_pod_its_own_metrics_port() -> None:
-    from tests.operator.emulator.podnet import JobPorts, cluster_addresses
+    from rlkube_devcluster.kubelet.podnet import JobPorts, cluster_addresses
 
     ports = JobPorts(1, 2)
     rendered = {"RLKUBE_METRICS_PORT": str(c.METRICS_PORT)}

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 import yaml
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess, kubectl, wait_for
+from tests.operator.harness import ROOT, kubectl
 
 _COUNTER = itertools.count()
 

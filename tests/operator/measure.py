@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.emulator.store import WatchEvent
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import job_document
-from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.emulator.store import WatchEvent
-from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess, kubectl, wait_for
+from tests.operator.harness import ROOT, kubectl
 
 CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet")
 CHILDREN_PER_JOB = 6  # ConfigMap, 3 Services, 2 StatefulSets

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.emulator.controllers import pod_environment
+from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.emulator.controllers import pod_environment
-from tests.operator.harness import ROOT, kubectl, wait_for
+from tests.operator.harness import ROOT, kubectl
 
 STS = "/apis/apps/v1/namespaces/default/statefulsets"
 CM = "/api/v1/namespaces/default/configmaps"

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
+from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl, job_document
-from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.harness import ROOT, OperatorProcess, wait_for
+from tests.operator.harness import ROOT
 from tests.scheduling.schemas import FILES, HERE
 
 GPU = {"limits": {"nvidia.com/gpu": 1}, "requests": {"cpu": "1", "memory": "2Gi"}}

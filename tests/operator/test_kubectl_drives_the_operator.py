@@ -14,9 +14,12 @@ from typing import Any
 from rlkube import contract as c
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.contract import Role
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl, job_document
-from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess, wait_for
+from tests.operator.harness import ROOT
 
 CHILDREN = [
     ("configmap", "{}-job"),
@@ -286,9 +289,8 @@ NOT_EXERCISED = {
 def test_the_operator_used_exactly_the_verbs_listed_in_rbac(cluster: Any, operator: OperatorProcess) -> None:
     """Runs last in this module: every request the operator made is allowed by rbac.RULES, and every
     rule was needed (or is one of the few the tests cannot reach)."""
+    from rlkube_devcluster.emulator.cluster import OPERATOR_TOKEN
     from rlkube_operator.rbac import RULES
-
-    from tests.operator.emulator.cluster import OPERATOR_TOKEN
 
     allowed = {
         (g, r, v) for rule in RULES for g in rule.api_groups for r in rule.resources for v in rule.verbs

@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 import yaml
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.emulator.cluster import EmulatedCluster, kubeconfig
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl, job_document
-from tests.operator.emulator.cluster import EmulatedCluster, kubeconfig
-from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess, wait_for
+from tests.operator.harness import ROOT
 
 PEERING = "rlkube-ha"
 #: What a user of the chart gets: RLKUBE_PEERING_LIFETIME's default.

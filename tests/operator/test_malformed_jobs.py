@@ -7,9 +7,11 @@ import copy
 from typing import Any
 
 import pytest
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl, job_document
-from tests.operator.harness import FakeCoordinators, OperatorProcess, wait_for
 
 # (what is set, value, field path the error must name)
 MALFORMED: list[tuple[str, Any, str]] = [

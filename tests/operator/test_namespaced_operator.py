@@ -6,10 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl, job_document
-from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.harness import FakeCoordinators, OperatorProcess, wait_for
 
 
 @pytest.fixture(scope="module")

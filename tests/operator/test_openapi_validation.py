@@ -12,6 +12,7 @@ import copy
 import json
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.operator.conftest import Kubectl, job_document
@@ -145,3 +146,142 @@ def test_openapi_index_lists_a_document_per_group_version(k: Kubectl) -> None:
         in s.get("x-kubernetes-group-version-kind", [])
     ]
     assert "scheduling" in rljob["properties"]["spec"]["properties"]
+
+
+# Built-in kinds: Kubernetes' own schemas, served and enforced --------------------------------------
+
+
+def test_explain_describes_a_statefulset_spec_from_kubernetes_own_schema(k: Kubectl) -> None:
+    spec = k("explain", "sts.spec").stdout
+    assert "GROUP:      apps" in spec
+    assert "KIND:       StatefulSet" in spec
+    assert "VERSION:    v1" in spec
+    assert "A StatefulSetSpec is the specification of a StatefulSet." in spec
+    for field in ("podManagementPolicy", "replicas", "selector", "serviceName", "template", "updateStrategy"):
+        assert f"  {field}\t<" in spec, field
+    resources = k("explain", "sts.spec.template.spec.containers.resources.limits").stdout
+    assert "map[string]Quantity" in resources
+
+
+@pytest.mark.parametrize(
+    ("resource", "kind", "field"),
+    [
+        ("pod.spec.containers", "Pod", "terminationMessagePath"),
+        ("service.spec", "Service", "clusterIP"),
+        ("configmap", "ConfigMap", "binaryData"),
+        ("secret", "Secret", "stringData"),
+        ("networkpolicy.spec", "NetworkPolicy", "policyTypes"),
+        ("pdb.spec", "PodDisruptionBudget", "minAvailable"),
+        ("serviceaccount", "ServiceAccount", "automountServiceAccountToken"),
+    ],
+)
+def test_explain_works_for_every_kind_the_operator_creates(
+    k: Kubectl, resource: str, kind: str, field: str
+) -> None:
+    result = k("explain", resource, check=False)
+    assert result.returncode == 0, result.stderr
+    assert f"KIND:       {kind}" in result.stdout
+    assert f"  {field}\t<" in result.stdout
+
+
+def test_a_typo_in_a_statefulset_is_refused_naming_the_field(k: Kubectl) -> None:
+    document = statefulset(imagePullPolic="Always")
+    result = apply(k, document)
+    assert result.returncode != 0
+    assert (
+        'StatefulSet in version "v1" cannot be handled as a StatefulSet: strict decoding error: '
+        'unknown field "spec.template.spec.containers[0].imagePullPolic"'
+    ) in result.stderr
+    assert k.get("statefulset", "web") is None
+
+
+def test_a_typo_in_a_statefulset_update_is_refused_and_it_is_unchanged(k: Kubectl) -> None:
+    assert apply(k, statefulset()).returncode == 0
+    before = k.get("statefulset", "web")
+    changed = statefulset()
+    changed["spec"]["replica"] = 3
+    result = apply(k, changed)
+    assert result.returncode != 0
+    assert 'unknown field "spec.replica"' in result.stderr
+    after = k.get("statefulset", "web")
+    assert before is not None
+    assert after is not None
+    assert after["spec"] == before["spec"]
+
+
+def test_a_value_of_the_wrong_type_in_a_statefulset_is_refused_as_the_decoder_refuses_it(k: Kubectl) -> None:
+    document = statefulset(ports=[{"containerPort": "http"}])
+    result = apply(k, document, "--validate=false")
+    assert result.returncode != 0
+    assert (
+        "json: cannot unmarshal string into Go struct field "
+        "ContainerPort.spec.template.spec.containers.ports.containerPort of type int32"
+    ) in result.stderr
+    assert k.get("statefulset", "web") is None
+
+
+def test_server_side_apply_of_a_built_in_kind_is_strict_too(k: Kubectl) -> None:
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "datas": {"a": "b"}}
+    result = apply(k, configmap, "--server-side")
+    assert result.returncode != 0
+    assert 'unknown field "datas"' in result.stderr
+    assert k.get("configmap", "cm") is None
+
+
+def test_without_strict_validation_an_unknown_field_of_a_built_in_kind_is_dropped(k: Kubectl) -> None:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "svc"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "protocl": "TCP"}]},
+    }
+    result = apply(k, service, "--validate=false")
+    assert result.returncode == 0, result.stderr
+    stored = k.get("service", "svc")
+    assert stored is not None
+    assert stored["spec"]["ports"] == [{"port": 80}]
+
+
+def test_everything_the_operator_renders_applies_strictly_and_keeps_every_field(k: Kubectl) -> None:
+    import subprocess
+    import sys
+
+    rendered = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlkube.cli",
+            "render",
+            str(EXAMPLE),
+            "--set",
+            f"metadata.namespace={k.namespace}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    assert {o["kind"] for o in objects} >= {"StatefulSet", "Service", "ConfigMap"}
+    result = k("apply", "-f", "-", input=rendered, check=False)
+    assert result.returncode == 0, result.stderr
+    for obj in objects:
+        stored = k.get(obj["kind"].lower(), obj["metadata"]["name"])
+        assert stored is not None, obj["kind"]
+        for section in ("spec", "data"):
+            if section in obj:
+                assert contains(stored[section], obj[section]), (obj["kind"], section)
+
+
+def contains(stored: Any, rendered: Any) -> bool:
+    """Whether every field of ``rendered`` is in ``stored`` with the same value (defaults may be added)."""
+    if isinstance(rendered, dict):
+        return isinstance(stored, dict) and all(
+            key in stored and contains(stored[key], value) for key, value in rendered.items()
+        )
+    if isinstance(rendered, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(rendered)
+            and all(contains(s, r) for s, r in zip(stored, rendered, strict=True))
+        )
+    return bool(stored == rendered)

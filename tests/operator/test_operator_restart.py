@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 from rlkube import contract as c
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl, job_document
-from tests.operator.harness import FakeCoordinators, OperatorProcess, wait_for
 
 
 def snapshot(k: Kubectl, job: str) -> dict[str, object]:

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.box.conftest import Box, python_container, start_box, statefulset
 from tests.operator.conftest import Kubectl
-from tests.operator.harness import OperatorProcess, wait_for
 
 #: A generous deadline: the pods import torch before they can refuse (about 6 s of CPU each), and
 #: this machine may be loaded; the time from apply to Failed is printed (``pytest -s``), not asserted.

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import yaml
+from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.emulator.controllers import ReadyKubelet
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl
-from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.emulator.controllers import ReadyKubelet
-from tests.operator.harness import wait_for
 
 
 class HeldKubelet(ReadyKubelet):

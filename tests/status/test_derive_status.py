@@ -306,9 +306,8 @@ def test_the_status_validates_against_the_crd_schema() -> None:
 
 
 def test_status_patch_turns_the_old_status_into_the_new_one() -> None:
+    from rlkube_devcluster.emulator.patches import merge_patch
     from rlkube_operator.status import status_patch
-
-    from tests.operator.emulator.patches import merge_patch
 
     old = step(None, READY, RUNNING, at=T0).status
     old["progress"]["evalReturn"] = 5.0

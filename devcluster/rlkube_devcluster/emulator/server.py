@@ -34,11 +34,11 @@ import kmock
 import yaml
 from kmock._internal import dsl, enums, parsing, rendering
 
-from tests.operator.emulator import openapi, patches
-from tests.operator.emulator.resources import ResourceType
-from tests.operator.emulator.selectors import SelectorError, object_matcher, selector_string
-from tests.operator.emulator.store import Store, api_error, now_rfc3339
-from tests.operator.emulator.tables import table
+from rlkube_devcluster.emulator import openapi, patches
+from rlkube_devcluster.emulator.resources import ResourceType
+from rlkube_devcluster.emulator.selectors import SelectorError, object_matcher, selector_string
+from rlkube_devcluster.emulator.store import Store, api_error, not_found, now_rfc3339
+from rlkube_devcluster.emulator.tables import table
 
 #: Longest watch when the client names no timeoutSeconds (the API server picks 30-60 minutes).
 DEFAULT_WATCH_SECONDS = 1800
@@ -317,8 +317,6 @@ class Emulator(kmock.KubernetesEmulator):
         self, request: rendering.Request, rtype: ResourceType, ns: str | None
     ) -> aiohttp.web.StreamResponse:
         """``pods/log`` from the kubelet's log file: all or ``tailLines``, ``previous``, ``follow``."""
-        from tests.operator.emulator.store import not_found
-
         assert request.name is not None
         pod = self.store.get(rtype, ns, request.name)
         if pod is None or "log" not in rtype.subresources:
@@ -387,11 +385,9 @@ class Emulator(kmock.KubernetesEmulator):
         if method == "GET" and request.name is None:
             return self._list(request, rtype, ns)
         if method == "GET":
-            obj = self.store.get(rtype, ns, request.name)
+            obj = self.store.get(rtype, ns, _named(request))
             if obj is None:
-                from tests.operator.emulator.store import not_found
-
-                raise not_found(rtype, request.name)
+                raise not_found(rtype, _named(request))
             if sub == "scale":
                 return self._scale_of(rtype, obj)
             return self._maybe_table(request, rtype, [obj], single=True)
@@ -558,11 +554,11 @@ class Emulator(kmock.KubernetesEmulator):
             raise api_error(400, "BadRequest", "the request body must be a JSON object")
         if request.subresource == "scale":
             replicas = (body.get("spec") or {}).get("replicas")
-            return self._set_replicas(rtype, ns, request.name, replicas)
+            return self._set_replicas(rtype, ns, _named(request), replicas)
         return self.store.update(
             rtype,
             ns,
-            request.name,
+            _named(request),
             lambda live: copy.deepcopy(body),
             subresource=request.subresource,
             strict=_strict(request),
@@ -579,19 +575,20 @@ class Emulator(kmock.KubernetesEmulator):
                 raise api_error(400, "BadRequest", "PATCH with apply requires a fieldManager")
             if not isinstance(body, dict):
                 raise api_error(400, "BadRequest", "an apply patch must be an object")
-            if self.store.get(rtype, ns, request.name) is None and sub is None:
+            if self.store.get(rtype, ns, _named(request)) is None and sub is None:
                 applied = patches.server_side_apply(None, body, manager=manager, now=now_rfc3339())
                 applied.setdefault("metadata", {})["name"] = request.name
                 return json_answer(self.store.create(rtype, ns, applied, strict=_strict(request)), status=201)
             return self.store.update(
                 rtype,
                 ns,
-                request.name,
+                _named(request),
                 lambda live: patches.server_side_apply(live, body, manager=manager, now=now_rfc3339()),
                 subresource=sub,
                 strict=_strict(request),
             )
 
+        apply_patch: Callable[[Any, Any], Any]
         if content_type == "application/merge-patch+json":
             apply_patch = patches.merge_patch
         elif content_type == "application/json-patch+json":
@@ -610,17 +607,15 @@ class Emulator(kmock.KubernetesEmulator):
             )
 
         if sub == "scale":
-            live = self.store.get(rtype, ns, request.name)
+            live = self.store.get(rtype, ns, _named(request))
             if live is None:
-                from tests.operator.emulator.store import not_found
-
-                raise not_found(rtype, request.name)
+                raise not_found(rtype, _named(request))
             scale = self._guarded(apply_patch, self._scale_of(rtype, live), body)
-            return self._set_replicas(rtype, ns, request.name, (scale.get("spec") or {}).get("replicas"))
+            return self._set_replicas(rtype, ns, _named(request), (scale.get("spec") or {}).get("replicas"))
         return self.store.update(
             rtype,
             ns,
-            request.name,
+            _named(request),
             lambda live: self._guarded(apply_patch, live, body),
             subresource=sub,
             strict=_strict(request),
@@ -674,6 +669,13 @@ class Emulator(kmock.KubernetesEmulator):
 
         updated = self.store.update(rtype, ns, name, change)
         return self._scale_of(rtype, updated)
+
+
+def _named(request: rendering.Request) -> str:
+    """The object a request names (the routes that call this match only requests that name one)."""
+    if request.name is None:
+        raise api_error(405, "MethodNotAllowed", "the request names no object")
+    return request.name
 
 
 def _strict(request: rendering.Request) -> bool:

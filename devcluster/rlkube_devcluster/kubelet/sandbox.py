@@ -1,6 +1,6 @@
 """What a pod's container is started with on this machine: directories for its volumes, command, env.
 
-For the cluster-in-a-box (:mod:`tests.operator.emulator.process_kubelet`). Pure, except
+For the cluster-in-a-box (:mod:`rlkube_devcluster.kubelet.process_kubelet`). Pure, except
 :meth:`PodSandbox.create` and :meth:`PodSandbox.remove`, which make and remove directories.
 
 A simulated node is two directories: its disk ``<disk_root>/<node>`` and its memory

@@ -1,6 +1,6 @@
 """One pod as the process kubelet tracks it: its container's process, restarts and back-off.
 
-The values of :mod:`tests.operator.emulator.process_kubelet`; ``base_env`` is the env a container
+The values of :mod:`rlkube_devcluster.kubelet.process_kubelet`; ``base_env`` is the env a container
 starts from. Back-off, signalling and spawning are :mod:`rlkube.launch.processes`, shared with
 ``rlkube run``.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from rlkube import contract
 from rlkube.launch.processes import RUNTIME_DEFAULTS
 
-from tests.operator.emulator.sandbox import Node, PodSandbox
+from rlkube_devcluster.kubelet.sandbox import Node, PodSandbox
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,13 +1,13 @@
 """``make cluster``: the API emulator and the real operator, for trying kubectl by hand.
 
-    python -m tests.operator.cluster [--kubelet process|ready] [--nodes 2] [--port 8001]
-    python -m tests.operator.cluster --simulate-training [--epoch-seconds 3]
+    python -m rlkube_devcluster [--kubelet process|ready] [--nodes 2] [--port 8001]
+    python -m rlkube_devcluster --simulate-training [--epoch-seconds 3]
 
 Prints the KUBECONFIG to export, then runs until Ctrl-C (and cleans up its processes and files).
 
 ``--kubelet process`` (the default) is the cluster-in-a-box: the pods of the StatefulSets the
 operator creates run as local processes (``rlkube pod``, with the env a cluster gives them;
-:mod:`tests.operator.emulator.process_kubelet`), spread over ``--nodes`` simulated nodes, so an
+:mod:`rlkube_devcluster.kubelet.process_kubelet`), spread over ``--nodes`` simulated nodes, so an
 applied RLJob really trains and ``kubectl get rlj`` shows its progress. Pod logs are files under
 ``<workdir>/logs``. ``--kubelet ready`` runs nothing: pods are Running and Ready at once. With
 ``--simulate-training`` (implies ``--kubelet ready``) each RLJob's coordinator is faked: it reports
@@ -29,10 +29,12 @@ from types import FrameType
 
 from rlkube.launch.processes import RestartBackOff
 
-from tests.operator.emulator.cluster import EmulatedCluster
-from tests.operator.emulator.controllers import Kubelet, ReadyKubelet
-from tests.operator.emulator.process_kubelet import ProcessKubelet
-from tests.operator.harness import ROOT, FakeCoordinators, OperatorProcess
+from rlkube_devcluster import REPO
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.emulator.controllers import Kubelet, ReadyKubelet
+from rlkube_devcluster.kubelet.process_kubelet import ProcessKubelet
+from rlkube_devcluster.operator_process import OperatorProcess
 
 
 class TrainingSimulator:
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="divide the kubelet's CrashLoopBackOff (10 s doubling to 5 min) by this (e.g. 10)",
     )
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "cluster", help="kubeconfig and logs")
+    parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "cluster", help="kubeconfig and logs")
     args = parser.parse_args(argv)
     if args.kubelet is None:
         args.kubelet = "ready" if args.simulate_training else "process"
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         else ReadyKubelet(args.nodes)
     )
     cluster = EmulatedCluster(
-        args.workdir, kubelet=kubelet, port=args.port, crds=[ROOT / "crds" / "rljob.yaml"]
+        args.workdir, kubelet=kubelet, port=args.port, crds=[REPO / "crds" / "rljob.yaml"]
     ).start()
     coordinators = FakeCoordinators(sockets)
     operator = OperatorProcess(
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             f"API emulator at {cluster.url}; operator log {operator.log_path}; metrics "
             f"http://127.0.0.1:{operator.metrics_port}/metrics\n{runs}\n\n"
             f"    export KUBECONFIG={cluster.kubeconfig}\n\n"
-            "    kubectl apply --validate=false -f examples/rljob.yaml\n"
+            "    kubectl apply -f examples/rljob.yaml\n"
             "    kubectl get rlj,sts,pods -o wide     # or: watch kubectl get rlj\n"
             "    kubectl scale rlj/cartpole-ppo --replicas=6\n"
             "    kubectl describe rlj cartpole-ppo\n"
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
             + "\n    kubectl delete rlj cartpole-ppo\n\n"
-            "(kubectl apply needs --validate=false: the emulator serves no OpenAPI document.) Ctrl-C stops.",
+            "(The emulator serves OpenAPI v3: kubectl validates strictly and `kubectl explain` works.) "
+            "Ctrl-C stops.",
             flush=True,
         )
         while not stopping.wait(1.0):

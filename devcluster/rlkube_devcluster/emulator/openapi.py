@@ -5,8 +5,9 @@ its resources (every PATCH and POST declares the ``fieldValidation`` query param
 kubectl learns that the server validates fields itself, so ``kubectl apply`` needs no
 ``--validate=false`` and a typo is refused by the server's strict decoding) and one schema per
 kind with its ``x-kubernetes-group-version-kind`` (what ``kubectl explain`` looks for). Custom
-resources carry their CRD's schema; built-in kinds an open object schema (the emulator checks
-them with its own validation, see :mod:`tests.operator.emulator.validation`).
+resources carry their CRD's schema; built-in kinds Kubernetes' own schemas and every type they
+refer to (:mod:`rlkube_devcluster.emulator.builtin_openapi`), so ``kubectl explain sts.spec`` shows
+the real field documentation.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from tests.operator.emulator.resources import ResourceType
+from rlkube_devcluster.emulator import builtin_openapi
+from rlkube_devcluster.emulator.resources import ResourceType
 
 #: The query parameters of a write, as the API server declares them.
 WRITE_PARAMETERS = ("dryRun", "fieldManager", "fieldValidation")
@@ -49,11 +51,15 @@ def by_group_version(types: Iterable[ResourceType]) -> dict[str, list[ResourceTy
 def document(types: list[ResourceType]) -> dict[str, Any]:
     """The OpenAPI v3 document of one group-version."""
     paths: dict[str, Any] = {}
-    schemas: dict[str, Any] = {OBJECT_META: _object_meta()}
+    builtins = {rtype: builtin_openapi.kind_name(rtype.group, rtype.version, rtype.kind) for rtype in types}
+    named = [n for rtype, n in builtins.items() if n is not None and rtype.schema is None]
+    schemas: dict[str, Any] = builtin_openapi.components([OBJECT_META, *named])
     for rtype in types:
         gvk = {"group": rtype.group, "version": rtype.version, "kind": rtype.kind}
-        name = schema_name(rtype)
-        schemas[name] = _kind_schema(rtype, gvk)
+        builtin = builtins[rtype]
+        name = builtin if builtin is not None and rtype.schema is None else schema_name(rtype)
+        if name not in schemas:
+            schemas[name] = _kind_schema(rtype, gvk)
         ref = {"$ref": f"#/components/schemas/{name}"}
         base = f"/{group_version_path(rtype.group, rtype.version)}"
         collection = (
@@ -142,32 +148,3 @@ def _kind_schema(rtype: ResourceType, gvk: dict[str, str]) -> dict[str, Any]:
     properties["kind"].setdefault("description", "Kind is a string value representing the REST resource.")
     schema["x-kubernetes-group-version-kind"] = [gvk]
     return schema
-
-
-def _object_meta() -> dict[str, Any]:
-    strings = {"type": "object", "additionalProperties": {"type": "string", "default": ""}}
-    return {
-        "type": "object",
-        "description": "ObjectMeta is metadata that all persisted resources must have.",
-        "properties": {
-            "name": {"type": "string", "description": "Name must be unique within a namespace."},
-            "generateName": {"type": "string"},
-            "namespace": {"type": "string"},
-            "labels": {**strings, "description": "Map of string keys and values."},
-            "annotations": {**strings, "description": "Unstructured key value map."},
-            "uid": {"type": "string"},
-            "resourceVersion": {"type": "string"},
-            "generation": {"type": "integer", "format": "int64"},
-            "creationTimestamp": {"type": "string", "format": "date-time"},
-            "deletionTimestamp": {"type": "string", "format": "date-time"},
-            "finalizers": {"type": "array", "items": {"type": "string", "default": ""}},
-            "ownerReferences": {
-                "type": "array",
-                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-            },
-            "managedFields": {
-                "type": "array",
-                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-            },
-        },
-    }

@@ -40,29 +40,50 @@ def _split(text: str) -> list[str]:
 
 def label_matcher(selector: str | None) -> Matcher:
     if not selector:
-        return lambda labels: True
+        return _always
     tests: list[Matcher] = []
     for term in _split(selector):
         match = _SET_RE.match(term)
         if match:
             key, op, values = match.group(1), match.group(2), {v.strip() for v in match.group(3).split(",")}
-            if op == "in":
-                tests.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
-            else:
-                tests.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+            tests.append(_label_in(key, values) if op == "in" else _negated(_label_in(key, values)))
         elif "!=" in term:
             key, value = (s.strip() for s in term.split("!=", 1))
-            tests.append(lambda labels, k=key, v=value: labels.get(k) != v)
+            tests.append(_negated(_label_in(key, {value})))
         elif "=" in term:
             key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
-            tests.append(lambda labels, k=key, v=value: labels.get(k) == v)
+            tests.append(_label_in(key, {value}))
         elif term.startswith("!"):
-            tests.append(lambda labels, k=term[1:].strip(): k not in labels)
+            tests.append(_negated(_has_label(term[1:].strip())))
         elif re.fullmatch(r"[A-Za-z0-9_./-]+", term):
-            tests.append(lambda labels, k=term: k in labels)
+            tests.append(_has_label(term))
         else:
             raise SelectorError(f"unable to parse requirement: {term!r}")
-    return lambda labels: all(test(labels) for test in tests)
+    return _all_of(tests)
+
+
+def _always(item: Mapping[str, Any]) -> bool:
+    return True
+
+
+def _all_of(tests: list[Matcher]) -> Matcher:
+    return lambda item: all(test(item) for test in tests)
+
+
+def _negated(test: Matcher) -> Matcher:
+    return lambda item: not test(item)
+
+
+def _label_in(key: str, values: set[str]) -> Matcher:
+    return lambda labels: labels.get(key) in values
+
+
+def _has_label(key: str) -> Matcher:
+    return lambda labels: key in labels
+
+
+def _field_is(path: str, value: str) -> Matcher:
+    return lambda obj: _dotted(obj, path) == value
 
 
 def _dotted(obj: Mapping[str, Any], path: str) -> str:
@@ -78,18 +99,18 @@ def _dotted(obj: Mapping[str, Any], path: str) -> str:
 
 def field_matcher(selector: str | None) -> Matcher:
     if not selector:
-        return lambda obj: True
+        return _always
     tests: list[Matcher] = []
     for term in _split(selector):
         if "!=" in term:
             path, value = (s.strip() for s in term.split("!=", 1))
-            tests.append(lambda obj, p=path, v=value: _dotted(obj, p) != v)
+            tests.append(_negated(_field_is(path, value)))
         elif "=" in term:
             path, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
-            tests.append(lambda obj, p=path, v=value: _dotted(obj, p) == v)
+            tests.append(_field_is(path, value))
         else:
             raise SelectorError(f"invalid field selector: {term!r}")
-    return lambda obj: all(test(obj) for test in tests)
+    return _all_of(tests)
 
 
 def object_matcher(label_selector: str | None, field_selector: str | None) -> Matcher:

@@ -9,20 +9,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import kmock
 import yaml
 
-from tests.operator.emulator.controllers import (
+from rlkube_devcluster.emulator.controllers import (
     DanglingOwnerCollector,
     Kubelet,
     ReadyKubelet,
     StatefulSetController,
 )
-from tests.operator.emulator.server import Emulator
+from rlkube_devcluster.emulator.server import Emulator
 
 T = TypeVar("T")
 
@@ -45,7 +45,12 @@ def kubeconfig(url: str, *, token: str, namespace: str = "default") -> dict[str,
 
 class EmulatedCluster:
     def __init__(
-        self, workdir: Path, *, kubelet: Kubelet | None = None, port: int | None = None, crds: list[Path] = ()
+        self,
+        workdir: Path,
+        *,
+        kubelet: Kubelet | None = None,
+        port: int | None = None,
+        crds: Sequence[Path] = (),
     ) -> None:
         self.workdir = workdir
         self.kubelet = kubelet if kubelet is not None else ReadyKubelet()

@@ -26,8 +26,8 @@ import json
 import re
 from typing import Any, Protocol
 
-from tests.operator.emulator.resources import ResourceType
-from tests.operator.emulator.store import Store, WatchEvent, now_rfc3339
+from rlkube_devcluster.emulator.resources import ResourceType
+from rlkube_devcluster.emulator.store import Store, WatchEvent, now_rfc3339
 
 LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
 LABEL_POD_NAME = "statefulset.kubernetes.io/pod-name"

@@ -25,9 +25,9 @@ from typing import Any
 
 import kmock
 
-from tests.operator.emulator import schema as crdschema
-from tests.operator.emulator import validation
-from tests.operator.emulator.resources import BUILTINS, ResourceType, from_crd
+from rlkube_devcluster.emulator import builtin_openapi, validation
+from rlkube_devcluster.emulator import schema as crdschema
+from rlkube_devcluster.emulator.resources import BUILTINS, ResourceType, from_crd
 
 #: Versions of one object kept in kmock's history (tests look at recent ones; memory stays flat).
 HISTORY_KEPT = 16
@@ -45,6 +45,22 @@ def api_error(status: int, reason: str, message: str, **details: Any) -> kmock.K
     return kmock.KubernetesError(
         status=status, reason=reason, message=message, details=details or {"causes": []}
     )
+
+
+def _undecodable(rtype: ResourceType, why: str) -> kmock.KubernetesError:
+    """The API server's answer to a body it cannot decode into the kind."""
+    return api_error(
+        400,
+        "BadRequest",
+        f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: {why}',
+    )
+
+
+def _refuse_unknown(rtype: ResourceType, unknown: list[str]) -> None:
+    """The API server's answer to unknown fields under ``fieldValidation=Strict``."""
+    if unknown:
+        quoted = ", ".join(f'unknown field "{path}"' for path in unknown)
+        raise _undecodable(rtype, f"strict decoding error: {quoted}")
 
 
 def invalid_error(rtype: ResourceType, obj: dict[str, Any], problems: list[str]) -> kmock.KubernetesError:
@@ -293,15 +309,25 @@ class Store:
         return obj
 
     def _admit(self, rtype: ResourceType, obj: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
+        if rtype.schema is None:
+            builtin = builtin_openapi.kind_name(rtype.group, rtype.version, rtype.kind)
+            if builtin is not None:
+                # Decoding into the kind's Go type: a value of the wrong type is an error; an unknown
+                # field is one when strict, else dropped.
+                wrong = builtin_openapi.decode_error(builtin, obj)
+                if wrong:
+                    raise _undecodable(rtype, wrong)
+                if strict:
+                    _refuse_unknown(rtype, builtin_openapi.unknown_fields(builtin, obj))
+                obj = builtin_openapi.prune(builtin, obj)
         invalid = validation.problems(rtype.kind, obj)
         if invalid:
             raise invalid_error(rtype, obj, invalid)
         if rtype.schema is None:
             return obj
         unknown = crdschema.unknown_fields(rtype.schema, {k: v for k, v in obj.items() if k != "metadata"})
-        if strict and unknown:
-            quoted = ", ".join(f'unknown field "{path}"' for path in unknown)
-            raise api_error(400, "BadRequest", f"strict decoding error: {quoted}")
+        if strict:
+            _refuse_unknown(rtype, unknown)
         stored, problems = crdschema.admit(rtype.schema, obj)
         if problems:
             raise invalid_error(rtype, obj, problems)

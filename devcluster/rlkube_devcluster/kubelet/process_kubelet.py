@@ -1,6 +1,6 @@
 """The cluster-in-a-box kubelet: the emulator's pods run as processes on this machine (testing tier 4).
 
-:class:`ProcessKubelet` implements :class:`tests.operator.emulator.controllers.Kubelet`. For each
+:class:`ProcessKubelet` implements :class:`rlkube_devcluster.emulator.controllers.Kubelet`. For each
 pod that appears (the StatefulSet controller creates them) it
 
 1. schedules the pod onto a simulated node, round robin in the order pods appear, and binds it
@@ -58,14 +58,14 @@ from typing import Any
 from rlkube import contract
 from rlkube.launch.processes import RestartBackOff, signal_group, spawn
 
-from tests.operator.emulator.controllers import pod_environment
-from tests.operator.emulator.pod_run import PodRun, base_env
-from tests.operator.emulator.pod_status import ContainerView, pod_event, pod_status
-from tests.operator.emulator.podnet import JobNetworks, JobPorts, cluster_addresses, proxy_socket
-from tests.operator.emulator.resources import ResourceType
-from tests.operator.emulator.sandbox import Node, PodSandbox, SandboxError, container_command
-from tests.operator.emulator.store import Store, WatchEvent, now_rfc3339
-from tests.operator.emulator.termination import (
+from rlkube_devcluster.emulator.controllers import pod_environment
+from rlkube_devcluster.emulator.resources import ResourceType
+from rlkube_devcluster.emulator.store import Store, WatchEvent, now_rfc3339
+from rlkube_devcluster.kubelet.pod_run import PodRun, base_env
+from rlkube_devcluster.kubelet.pod_status import ContainerView, pod_event, pod_status
+from rlkube_devcluster.kubelet.podnet import JobNetworks, JobPorts, cluster_addresses, proxy_socket
+from rlkube_devcluster.kubelet.sandbox import Node, PodSandbox, SandboxError, container_command
+from rlkube_devcluster.kubelet.termination import (
     TERMINATION_PATH_VARIABLE,
     fresh_termination_file,
     termination_message,

@@ -16,7 +16,7 @@ from pathlib import Path
 from rlkube.contract import TERMINATION_MESSAGE_MAX_BYTES
 from rlkube.launch.termination import PATH_VARIABLE as TERMINATION_PATH_VARIABLE
 
-from tests.operator.emulator.pod_run import PodRun
+from rlkube_devcluster.kubelet.pod_run import PodRun
 
 #: The kubelet's fallback: the log's last lines, at most this many of them and bytes.
 FALLBACK_LINES = 80

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.operator.emulator import schema as crdschema
-from tests.operator.emulator.resources import ResourceType
+from rlkube_devcluster.emulator import schema as crdschema
+from rlkube_devcluster.emulator.resources import ResourceType
 
 Column = tuple[str, str, Callable[[dict[str, Any]], Any]]
 
@@ -76,10 +76,14 @@ BUILTIN_COLUMNS: dict[str, list[Column]] = {
 }
 
 
+def _printer_cell(column: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: crdschema.cell(obj, column)
+
+
 def columns_of(rtype: ResourceType) -> list[Column]:
     if rtype.printer_columns:
         return [
-            (c["name"], c.get("type", "string"), lambda o, c=c: crdschema.cell(o, c))
+            (c["name"], c.get("type", "string"), _printer_cell(c))
             for c in rtype.printer_columns
             if int(c.get("priority", 0)) == 0
         ]
