@@ -148,6 +148,15 @@ def test_the_breakout_reference_job_on_envpool_passes_every_preflight_check() ->
     assert "spec.env.id: 'ALE/Breakout-v5' is envpool's 'Breakout-v5'" in checks.checked[-1]
 
 
+def test_train_ranks_build_their_networks_from_an_id_only_envpool_has() -> None:
+    from rlkube.launch.train import env_meta
+
+    job = load_job(BREAKOUT, ["spec.env.vectorization=envpool", "spec.env.id=Breakout-v5"])
+    meta = env_meta(job)  # gymnasium has no 'Breakout-v5': the spaces come from envpool
+    assert meta.obs_shape == (4, 84, 84)
+    assert meta.action_space.n == 4
+
+
 def unknown_id_job(tmp_path: Path) -> Path:
     document = yaml.safe_load(BREAKOUT.read_text())
     document["spec"]["env"].update(id="ALE/Breakoutt-v5", vectorization="envpool")

@@ -12,9 +12,11 @@ from typing import Any
 
 import yaml
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube_devcluster.coordinators import FakeCoordinators
+from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl, job_document
-from tests.operator.harness import FakeCoordinators, OperatorProcess, wait_for
 from tests.status.test_progress_follows_the_proto import as_sent, every_field_set
 
 

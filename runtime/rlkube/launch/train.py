@@ -67,8 +67,12 @@ ENGINES: dict[Engine, type[RankZeroEngine]] = {
 
 
 def env_meta(job: RLJob):
-    """The spaces of the job's env (train ranks build networks without running rollouts)."""
-    spec = job.spec.env.model_copy(update={"num_envs": 1, "vectorization": "sync"})
+    """The spaces of the job's env (train ranks build networks without running rollouts).
+
+    One env in process; envpool keeps its backend (its ids are not gymnasium's).
+    """
+    backend = "envpool" if job.spec.env.vectorization == "envpool" else "sync"
+    spec = job.spec.env.model_copy(update={"num_envs": 1, "vectorization": backend})
     with EnvGroup.from_spec(spec, base_seed=job.spec.train.seed) as group:
         group.reset()
         return group.meta
