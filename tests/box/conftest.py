@@ -19,6 +19,7 @@ from rlkube.launch.processes import RestartBackOff
 from rlkube_devcluster.emulator.cluster import EmulatedCluster
 from rlkube_devcluster.emulator.store import WatchEvent
 from rlkube_devcluster.kubelet.process_kubelet import ProcessKubelet
+from rlkube_devcluster.operator_process import OperatorProcess
 
 from tests.operator.conftest import Kubectl
 from tests.operator.harness import ROOT
@@ -156,3 +157,13 @@ def running_pods(k: Kubectl, count: int) -> dict[str, dict[str, Any]] | None:
         and all(s.get("ready") for s in p["status"].get("containerStatuses") or [{}])
     }
     return ready if len(ready) == count == len(pods) else None
+
+
+def start_operator(box: Box) -> OperatorProcess:
+    """The real operator on ``box``, refreshing status every second (coordinator calls time out in 2 s)."""
+    return OperatorProcess(
+        box.cluster.operator_kubeconfig,
+        socket_dir=box.kubelet.socket_dir,
+        log=box.workdir / "operator.log",
+        env={"RLKUBE_STATUS_INTERVAL": "1", "RLKUBE_COORDINATOR_TIMEOUT": "2"},
+    ).start()

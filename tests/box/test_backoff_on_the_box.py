@@ -12,7 +12,7 @@ import pytest
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.box.conftest import Box
+from tests.box.conftest import Box, start_operator
 from tests.operator.conftest import Kubectl
 from tests.run_policy.jobs import CRASHES_TO_FAIL, crashing_job
 
@@ -27,12 +27,7 @@ def restarts_in(message: str) -> int:
 
 @pytest.fixture(scope="module")
 def operator(box: Box) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(
-        box.cluster.operator_kubeconfig,
-        socket_dir=box.kubelet.socket_dir,
-        log=box.workdir / "operator.log",
-        env={"RLKUBE_STATUS_INTERVAL": "1", "RLKUBE_COORDINATOR_TIMEOUT": "2"},
-    ).start()
+    process = start_operator(box)
     yield process
     process.stop()
 

@@ -17,7 +17,7 @@ import pytest
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.box.conftest import Box, python_container, start_box, statefulset
+from tests.box.conftest import Box, python_container, start_box, start_operator, statefulset
 from tests.operator.conftest import Kubectl
 
 #: A generous deadline: the pods import torch before they can refuse (about 6 s of CPU each), and
@@ -57,12 +57,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
 
 @pytest.fixture(scope="module")
 def operator(box: Box) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(
-        box.cluster.operator_kubeconfig,
-        socket_dir=box.kubelet.socket_dir,
-        log=box.workdir / "operator.log",
-        env={"RLKUBE_STATUS_INTERVAL": "1", "RLKUBE_COORDINATOR_TIMEOUT": "2"},
-    ).start()
+    process = start_operator(box)
     yield process
     process.stop()
 
