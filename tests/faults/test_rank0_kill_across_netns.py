@@ -4,7 +4,7 @@ Two nodes in network namespaces of their own (``rlkube run --netns``), node 0's 
 shaped to a few Mbit/s so that a weight version takes a while to reach node 1. Each time, the
 kill lands while rank 0's socket to node 1's receiver still has a weight version's bytes queued
 (seen with ``ss``, not guessed with a sleep); every eval worker must be registered with the new
-incarnation of rank 0 within 10 s (the contract in docs/operations.md), and the ten figures are
+incarnation of rank 0 within 10 s (figures in docs/operations.md), and the ten figures are
 printed. The run keeps a warm standby of rank 0 (``--standby``): on this shared 2-core machine
 importing torch alone takes 5-15 s, which is start-up, not recovery.
 """
