@@ -54,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST",
         help="address the coordinator and weight servers bind (default 127.0.0.1: this machine only)",
     )
+    run.add_argument(
+        "--netns",
+        default=None,
+        metavar="NS0,NS1",
+        help="run node i's processes in network namespace NSi (one per node; needs root): "
+        "servers bind each namespace's address, node 0's is the coordinator's",
+    )
+    run.add_argument(
+        "--standby",
+        action="store_true",
+        help="keep a warm standby of every train rank (imports done): a restart skips Python start-up",
+    )
 
     validate = sub.add_parser("validate", help="check a job manifest, its policy, env and buffer")
     _job_args(validate)

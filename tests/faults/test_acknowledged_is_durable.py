@@ -89,3 +89,62 @@ def test_a_journalled_fragment_reads_back_bit_for_bit(tmp_path: Path) -> None:
     assert back.episode_lengths == original.episode_lengths
     for key in original.data.keys():  # noqa: SIM118 (a TensorDict)
         assert torch.equal(back.data[key], original.data[key])
+
+
+def async_coordinator_with_journal(directory: Path) -> Coordinator:
+    coordinator = Coordinator(tiny_job(spec={"engine": "async"}), world_size=1)
+    coordinator.journal = AckJournal(directory, incarnation=coordinator.incarnation).open()
+    return coordinator
+
+
+def rewards_of(batch: object) -> list[float]:
+    return sorted(float(f.data["reward"][0, 0]) for f in batch.fragments)  # type: ignore[attr-defined]
+
+
+def test_async_fragments_acknowledged_before_a_crash_come_first_after_it(tmp_path: Path) -> None:
+    first = async_coordinator_with_journal(tmp_path)
+    per_epoch = first.fragments_per_epoch
+    first.open_stream(min_version=0, step=0)
+    worker = first.register(pod_name="eval-0", node_name="n", replica_index=0, num_envs=4).worker_id
+    collect(first, worker, 2 * per_epoch + 1, tag=1.0)
+    step0 = first.wait_batch(timeout=5, step=0)  # trained by step 0, then a checkpoint of 1 step
+    assert step0 is not None
+    first.checkpointed(epoch=1)
+    step1 = first.wait_batch(timeout=5, step=1)  # trained by step 1, lost with rank 0
+    assert step1 is not None
+    # rank 0 dies: step 1's fragments and one acknowledged, untaken fragment are not in the checkpoint
+
+    second = async_coordinator_with_journal(tmp_path)  # resumed from the checkpoint of step 1
+    second.open_stream(min_version=0, step=1)
+    assert second.replayed == per_epoch + 1
+    again = second.wait_batch(timeout=5, step=1)
+    assert again is not None
+    assert rewards_of(again) == rewards_of(step1)  # the lost step's fragments, first
+    worker = second.register(pod_name="eval-0", node_name="n", replica_index=0, num_envs=4).worker_id
+    collect(second, worker, per_epoch - 1, tag=100.0)
+    rest = second.wait_batch(timeout=5, step=2)
+    assert rest is not None
+    assert rewards_of(rest) == [1.0 + 2 * per_epoch, *(100.0 + i for i in range(per_epoch - 1))]
+    second.checkpointed(epoch=3)
+    assert second.journal is not None
+    assert second.journal.replay(since=0) == []  # all of it is in the checkpoint now
+    assert second.journal.acknowledged_by_incarnation() == {
+        first.incarnation: 2 * per_epoch + 1,
+        second.incarnation: per_epoch - 1,
+    }
+
+
+def test_taken_back_fragments_hold_the_streams_capacity_until_trained(tmp_path: Path) -> None:
+    first = async_coordinator_with_journal(tmp_path)
+    first.open_stream(min_version=0, step=0)
+    worker = first.register(pod_name="eval-0", node_name="n", replica_index=0, num_envs=4).worker_id
+    capacity = first.buffer.capacity
+    collect(first, worker, capacity, tag=1.0)
+    assert first.lease(worker, wait_seconds=0) is None  # the buffer is full: back-pressure
+
+    second = async_coordinator_with_journal(tmp_path)
+    second.open_stream(min_version=0, step=0)
+    worker = second.register(pod_name="eval-0", node_name="n", replica_index=0, num_envs=4).worker_id
+    assert second.lease(worker, wait_seconds=0) is None  # the taken-back fragments fill it
+    assert second.wait_batch(timeout=5, step=0) is not None
+    assert isinstance(second.lease(worker, wait_seconds=0), TaskSpec)  # room again

@@ -49,3 +49,46 @@ def test_no_acknowledged_fragment_is_lost_or_collected_twice_over_a_rank_0_kill(
     assert summary["fragments_acknowledged_total"] == summary["fragments_trained_total"] == epochs * per_epoch
     assert summary["fragments_replayed"] > 0  # acknowledged after the last checkpoint, taken back
     assert sum(i["acknowledged"] for i in summary["incarnations"].values()) == epochs * per_epoch
+
+
+def test_the_async_engine_loses_no_acknowledged_fragment_over_a_rank_0_kill(
+    local_run, tmp_path: Path
+) -> None:
+    steps = 12
+    hold = tmp_path / "hold"  # the handshake, as above: rollouts wait while it exists
+    job = write_job(
+        tmp_path,
+        engine="async",
+        train__maxEpochs=steps,
+        train__saveInterval=4,
+        train__maxStaleness=1000,  # nothing is dropped as stale: every fragment must be trained on
+        runPolicy__backoffLimit=2,
+        env__id=SLOW_ENV,
+        env__imports=["tests.runtime.slow_env"],
+        env__kwargs={"hold_file": str(hold)},
+    )
+    run = LocalRun(job, tmp_path / "run")
+    local_run.append(run)
+    run.wait_until(lambda s: s.epoch >= 6, timeout=300, what="step 6")  # past the checkpoint of step 4
+    hold.touch()
+    held = run.status()
+    assert held is not None
+    assert held.epoch < steps
+    os.kill(run.pid_of("small-train-0"), signal.SIGKILL)
+    hold.unlink()
+    assert run.wait(timeout=400) == 0, run.output[1]
+    summary = run.summary()
+    per_step = 256 // (4 * 16)
+    assert summary["epochs"] == steps
+    assert len(summary["incarnations"]) == 2
+    assert summary["fragments_trained_total"] == steps * per_step
+    assert summary["fragments_dropped_total"] == 0
+    assert summary["fragments_replayed"] > 0  # taken after the last checkpoint or still queued: back
+    # Every acknowledged fragment was trained on once, or was still queued when the run ended.
+    assert summary["fragments_acknowledged_total"] == (
+        summary["fragments_trained_total"] + summary["fragments_queued_at_end"]
+    )
+    assert (
+        sum(i["acknowledged"] for i in summary["incarnations"].values())
+        == (summary["fragments_acknowledged_total"])
+    )

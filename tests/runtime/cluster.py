@@ -99,6 +99,7 @@ class LocalRun:
         except (OSError, ValueError):
             return {}
         self.seen_pids |= {pod["pid"] for pod in data.get("pods", {}).values()}
+        self.seen_pids |= set(data.get("standby", {}).values())
         self.shm_root = data.get("shm_root", self.shm_root)
         return data
 

@@ -14,9 +14,15 @@ since that training was lost with it. (Such a fragment was collected with weight
 incarnation never had; PPO's clipped ratio, computed against the log-probabilities stored with
 the fragment, treats it as mildly off-policy data.)
 
+The async engine journals the same way; only the epoch is learnt later. A fragment acknowledged
+in the stream belongs to no step yet: it is written as ``q-<incarnation>-<n>.frag``; when a step
+``s`` takes it from the buffer (to train on it, or to drop it as stale) the entry is renamed
+``e<s>-...`` (:meth:`AckJournal.taken`; a rename, atomic). After a crash the resumed engine
+(step ``P``) takes back every entry of steps ``>= P`` and every ``q-`` entry, ahead of new work
+(:meth:`AckJournal.replay`).
+
 ``acks-<incarnation>.json`` counts what each incarnation acknowledged, so the summary can add
-up every incarnation of the run. Async engines do not journal (their buffer holds fragments of
-many versions at once, and a restart re-opens the stream; their summary counts per incarnation).
+up every incarnation of the run.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from rlkube._proto import policy_group_pb2 as pb
@@ -35,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 JOURNAL_DIR = "acknowledged"
 _FRAGMENT = re.compile(r"^e(\d{6,})-([0-9a-zA-Z]+)-(\d{6,})\.frag$")
+_QUEUED = re.compile(r"^q-([0-9a-zA-Z]+)-(\d{6,})\.frag$")  # acknowledged in a stream, no step yet
 _COUNTS = re.compile(r"^acks-([0-9a-zA-Z]+)\.json$")
 
 
@@ -55,42 +63,87 @@ class AckJournal:
         self.incarnation = incarnation
         self.acknowledged = 0  # by this incarnation
         self._written = 0
+        self._replayed = 0
+        #: buffer key -> (file name now, "<incarnation>-<n>.frag") of entries not yet taken by a step
+        self._entries: dict[str, tuple[str, str]] = {}
 
     def open(self) -> AckJournal:
         self.directory.mkdir(parents=True, exist_ok=True)
         return self
 
-    def record(self, *, epoch: int, fragment: Fragment) -> None:
-        """Make ``fragment`` (acknowledged in ``epoch``) durable; call before acknowledging it."""
+    def record(self, *, epoch: int | None, fragment: Fragment, key: str = "") -> None:
+        """Make ``fragment`` (acknowledged in ``epoch``; None: in a stream, no step yet) durable.
+
+        Call before acknowledging it. ``key``: the buffer's id of the fragment, for :meth:`taken`.
+        """
         self._written += 1
-        message = fragment_to_proto(fragment, task_id=f"journal-{self._written}", worker_id="", epoch=epoch)
-        name = f"e{epoch:06d}-{self.incarnation}-{self._written:06d}.frag"
+        message = fragment_to_proto(
+            fragment, task_id=f"journal-{self._written}", worker_id="", epoch=epoch or 0
+        )
+        stem = f"{self.incarnation}-{self._written:06d}.frag"
+        name = f"q-{stem}" if epoch is None else f"e{epoch:06d}-{stem}"
         _write_synced(self.directory / name, message.SerializeToString())
+        if key:
+            self._entries[key] = (name, stem)
         self.acknowledged += 1
         _write_synced(
             self.directory / f"acks-{self.incarnation}.json",
             json.dumps({"acknowledged": self.acknowledged}).encode(),
         )
 
-    def pending(self, epoch: int) -> list[Fragment]:
-        """The journalled fragments of ``epoch`` (any incarnation), in the order they were written."""
-        found = []
-        for path in self.directory.iterdir() if self.directory.is_dir() else ():
+    def taken(self, *, epoch: int, keys: Iterable[str]) -> None:
+        """Step ``epoch`` took the fragments ``keys`` (trained on or dropped): file them under it."""
+        for key in keys:
+            entry = self._entries.pop(key, None)
+            if entry is None:  # not journalled (no journal when it was acknowledged)
+                continue
+            name, stem = entry
+            target = f"e{epoch:06d}-{stem}"
+            if name != target:
+                os.replace(self.directory / name, self.directory / target)
+
+    def _listing(self) -> list[Path]:
+        return list(self.directory.iterdir()) if self.directory.is_dir() else []
+
+    def replay(self, *, epoch: int | None = None, since: int | None = None) -> list[tuple[str, Fragment]]:
+        """Journalled fragments to take back, each with a fresh buffer key (tracked for :meth:`taken`).
+
+        ``epoch``: the entries of that epoch (sync); ``since``: those of every step ``>= since`` and
+        every one of no step yet, oldest step first (async).
+        """
+        found: list[tuple[tuple[int, str], Path, str]] = []
+        for path in self._listing():
             match = _FRAGMENT.match(path.name)
-            if match and int(match.group(1)) == epoch:
-                found.append((path.name, path))
-        fragments = []
-        for _, path in sorted(found):
+            if match:
+                step, stem = int(match.group(1)), f"{match.group(2)}-{match.group(3)}.frag"
+                wanted = step == epoch if epoch is not None else since is not None and step >= since
+                if wanted:
+                    found.append(((step, path.name), path, stem))
+                continue
+            queued = _QUEUED.match(path.name)
+            if queued and epoch is None and since is not None:
+                found.append(((1 << 62, path.name), path, path.name.removeprefix("q-")))
+        taken_back = []
+        for _, path, stem in sorted(found, key=lambda item: item[0]):
             try:
-                fragments.append(fragment_from_proto(pb.Fragment.FromString(path.read_bytes())))
+                fragment = fragment_from_proto(pb.Fragment.FromString(path.read_bytes()))
             except (OSError, ValueError) as exc:  # a torn file cannot have been acknowledged
                 logger.warning("skipping unreadable journal entry %s: %s", path, exc)
-        return fragments
+                continue
+            self._replayed += 1
+            key = f"{self.incarnation}-replay-{self._replayed}"
+            self._entries[key] = (path.name, stem)
+            taken_back.append((key, fragment))
+        return taken_back
+
+    def pending(self, epoch: int) -> list[Fragment]:
+        """The journalled fragments of ``epoch`` (any incarnation), in the order they were written."""
+        return [fragment for _, fragment in self.replay(epoch=epoch)]
 
     def checkpointed(self, epoch: int) -> int:
         """A checkpoint holds every epoch below ``epoch``: delete their fragments; how many went."""
         removed = 0
-        for path in self.directory.iterdir() if self.directory.is_dir() else ():
+        for path in self._listing():
             match = _FRAGMENT.match(path.name)
             if match and int(match.group(1)) < epoch:
                 path.unlink(missing_ok=True)

@@ -19,6 +19,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -117,7 +118,7 @@ class Coordinator:
     clock: Callable[[], float] = time.monotonic
     incarnation: str = field(default_factory=lambda: secrets.token_hex(8))
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
-    #: Sync engines: acknowledged fragments are journalled here before the worker hears so.
+    #: Acknowledged fragments are journalled here before the worker hears so (both engines).
     journal: AckJournal | None = None
     #: A journal write that failed (a full or read-only disk): the engine ends the run with it,
     #: since no fragment can be acknowledged any more (``rlkube.engine.trainer``).
@@ -163,6 +164,7 @@ class Coordinator:
         self._version_checks: dict[int, list[bool]] = {}  # version -> each worker's fingerprint verdict
         #: Acknowledged fragments of a previous incarnation taken back from the journal.
         self.replayed = 0
+        self._replay: deque[tuple[str, Fragment]] = deque()  # taken back, waiting for buffer room
         self._reported: dict[str, set[WeightKey]] = {}  # worker -> keys it reported
 
     # ================================================================= worker-facing (RPCs)
@@ -290,8 +292,9 @@ class Coordinator:
             else:
                 assert fragment is not None
                 if self.journal is not None:  # durable before it is acknowledged
-                    try:
-                        self.journal.record(epoch=task.epoch, fragment=fragment)
+                    try:  # a stream's fragment belongs to the step that takes it (``wait_batch``)
+                        epoch = None if self.board.streaming else task.epoch
+                        self.journal.record(epoch=epoch, fragment=fragment, key=task_id)
                     except OSError as exc:
                         self.journal_error = exc
                         self._cond.notify_all()
@@ -403,9 +406,9 @@ class Coordinator:
         """Queue the epoch's tasks; fragments of it acknowledged before a crash (journalled) are
         taken back first, and only the missing tasks are queued."""
         with self._cond:
-            replayed = self.journal.pending(epoch)[: self.fragments_per_epoch] if self.journal else []
-            for index, fragment in enumerate(replayed):
-                self.buffer.add(f"{self.incarnation}-replay-e{epoch}-{index}", fragment)
+            replayed = self.journal.replay(epoch=epoch)[: self.fragments_per_epoch] if self.journal else []
+            for key, fragment in replayed:
+                self.buffer.add(key, fragment)
             if replayed:
                 self.replayed += len(replayed)
                 logger.info(
@@ -421,23 +424,61 @@ class Coordinator:
         if self.journal is not None:
             self.journal.checkpointed(epoch)
 
-    def open_stream(self, *, min_version: int) -> None:
+    def open_stream(self, *, min_version: int, step: int = 0) -> None:
+        """Async mode from step ``step``: fragments acknowledged before a crash and not in the
+        checkpoint (journalled: taken by steps ``>= step`` or by none yet) come first, and count
+        against the stream's capacity until the trainer takes them."""
         with self._cond:
-            self.board.open_stream(capacity=self.buffer.capacity, min_version=min_version)
+            replayed = self.journal.replay(since=step) if self.journal else []
+            self._replay.extend(replayed)
+            self.replayed += len(replayed)
+            if replayed:
+                logger.info(
+                    "step %d: %d acknowledged fragments taken back from the journal", step, len(replayed)
+                )
+            self._refill()
+            self.board.open_stream(
+                capacity=self.buffer.capacity,
+                min_version=min_version,
+                waiting=len(self._replay) + len(self.buffer),
+            )
             self._cond.notify_all()
+
+    def acknowledged_and_queued(self) -> tuple[dict[str, int], int]:
+        """(what each incarnation acknowledged, per the journal; how many acknowledged fragments no
+        step has taken yet, e.g. left over when an async run ends), read at one instant."""
+        with self._cond:
+            counts = self.journal.acknowledged_by_incarnation() if self.journal is not None else {}
+            return counts, len(self.buffer) + len(self._replay)
+
+    def _refill(self) -> None:
+        """Move taken-back fragments into the buffer while it has room (their turn comes first)."""
+        while self._replay and self.buffer.has_room():
+            key, fragment = self._replay.popleft()
+            self.buffer.add(key, fragment)
 
     def set_min_version(self, version: int) -> None:
         with self._cond:
             self.board.set_stream_min_version(version)
             self._cond.notify_all()
 
-    def wait_batch(self, *, timeout: float) -> EpochBatch | None:
-        """One epoch's worth of fragments, or None if they are not in within ``timeout``."""
+    def wait_batch(self, *, timeout: float, step: int | None = None) -> EpochBatch | None:
+        """One epoch's worth of fragments, or None if they are not in within ``timeout``.
+
+        ``step``: the engine step that takes them (default: the open sync epoch); their journal
+        entries are filed under it, so the checkpoint after it makes them redundant.
+        """
         if not self.buffer.wait_ready(timeout=timeout):
             return None
         batch = self.buffer.take_epoch()
         with self._cond:
+            if self.journal is not None:
+                try:
+                    self.journal.taken(epoch=self.board.epoch if step is None else step, keys=batch.task_ids)
+                except OSError as exc:
+                    self.journal_error = exc
             self.board.consumed(len(batch.fragments))
+            self._refill()
             self._cond.notify_all()
         return batch
 

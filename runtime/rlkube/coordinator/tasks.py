@@ -84,12 +84,21 @@ class TaskBoard:
             self._queue.append(task)
             self._open[task.task_id] = task
 
-    def open_stream(self, *, capacity: int, min_version: int) -> None:
-        """Async mode: mint collection tasks on demand, at most ``capacity`` in flight or waiting."""
+    def open_stream(self, *, capacity: int, min_version: int, waiting: int = 0) -> None:
+        """Async mode: mint collection tasks on demand, at most ``capacity`` in flight or waiting.
+
+        ``waiting``: fragments already there for the trainer (taken back after a restart).
+        """
         self._reset()
         self._stream = True
         self._stream_capacity = capacity
         self._stream_min_version = min_version
+        self._stream_waiting = waiting
+
+    @property
+    def streaming(self) -> bool:
+        """Async mode: tasks belong to no epoch (a step takes their fragments later)."""
+        return self._stream
 
     def set_stream_min_version(self, version: int) -> None:
         """Async mode: workers must have loaded at least this version to start a new task."""

@@ -7,6 +7,10 @@ bound ``train.maxStaleness`` holds twice: new work requires a version no older t
 ``v - maxStaleness``, and a fragment that is nevertheless older when its turn comes (it was
 collected while v advanced) is dropped and counted, never trained on. The lag of every trained
 fragment is recorded; the summary reports the distribution.
+
+Acknowledged fragments are journalled as with the sync engine (``rlkube.coordinator.journal``):
+after a crash of rank 0 the ones the checkpoint does not hold are trained on (or dropped as
+stale) by the next incarnation before any new work.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ def split_by_staleness(
     """(the fragments within the bound, their lags, how many were dropped). Pure."""
     keep, lags = [], []
     for task_id, fragment in zip(batch.task_ids, batch.fragments, strict=True):
-        lag = version - fragment.weight_version
+        # Negative only for a fragment taken back from a dead incarnation that had got further
+        # (rlkube.coordinator.journal): its version numbers are not ours; it counts as fresh.
+        lag = max(0, version - fragment.weight_version)
         if lag <= max_staleness:
             keep.append((task_id, fragment))
             lags.append(lag)
@@ -48,15 +54,16 @@ class AsyncEngine(RankZeroEngine):
         tracker = self.tracker(progress)
         version = progress.weight_version
         self.publish(version)
-        self.coordinator.open_stream(min_version=max(0, version - bound))
+        self.coordinator.open_stream(min_version=max(0, version - bound), step=tracker.epoch)
         live = self.coordinator.progress
         stop_reason = "target_return" if tracker.target_reached else "max_epochs"
         try:
             while stop_reason == "max_epochs" and tracker.epoch < train.max_epochs:
                 self.coordinator.update(EngineStatus(phase=CoordinatorPhase.RUNNING, epoch=tracker.epoch))
-                batch = self.wait_batch(f"step {tracker.epoch + 1}")
+                batch = self.wait_batch(f"step {tracker.epoch + 1}", step=tracker.epoch)
                 kept, lags, dropped = split_by_staleness(batch, version=version, max_staleness=bound)
                 live.dropped_stale += dropped
+                self.fragments_dropped += dropped
                 if dropped:
                     logger.info("dropped %d fragments older than v%d - %d", dropped, version, bound)
                 if kept.rows < self.ctx.world_size:

@@ -179,6 +179,8 @@ class RankZeroEngine:
         self.store = CheckpointStore(ctx.paths.checkpoints, keep=self.spec.checkpoint.keep)
         self.serial = 0
         self.fragments_trained = 0  # by this incarnation
+        self.fragments_dropped = 0  # as stale (async), by this incarnation
+        self.dropped_by_incarnation: dict[str, int] = {}
         #: From the checkpoint resumed: fragments trained before it, in total and per incarnation.
         self.trained_before = 0
         self.trained_by_incarnation: dict[str, int] = {}
@@ -219,13 +221,16 @@ class RankZeroEngine:
         )
 
     # ------------------------------------------------------------------ waiting
-    def wait_batch(self, what: str) -> Any:
-        """The next epoch's worth of fragments; keeps the status message honest while waiting."""
+    def wait_batch(self, what: str, *, step: int | None = None) -> Any:
+        """The next epoch's worth of fragments; keeps the status message honest while waiting.
+
+        ``step``: the step that takes them (async; sync: the open epoch), for the journal.
+        """
         waited = 0.0
         while True:
             if self.ctx.stop.is_set():
                 raise Stopped(what)
-            batch = self.coordinator.wait_batch(timeout=1.0)
+            batch = self.coordinator.wait_batch(timeout=1.0, step=step)
             failed = self.coordinator.journal_error
             if failed is not None:  # nothing can be acknowledged any more: end the run, one line
                 if is_disk_error(failed):
@@ -275,6 +280,7 @@ class RankZeroEngine:
             logger.info("initial weights from %s", self.spec.checkpoint.path)
         self.trained_before = int(progress.extra.get("fragments_trained", 0))
         self.trained_by_incarnation = dict(progress.extra.get("trained_by_incarnation", {}))
+        self.dropped_by_incarnation = dict(progress.extra.get("dropped_by_incarnation", {}))
         self.ctx.channel.share_state(self.ctx.policy, progress)
         return progress
 
@@ -344,6 +350,7 @@ class RankZeroEngine:
         counts = {  # what the summary adds up over every incarnation of the run
             "fragments_trained": self.trained_before + self.fragments_trained,
             "trained_by_incarnation": self.trained_counts(),
+            "dropped_by_incarnation": self.dropped_counts(),
         }
         progress = replace(progress, extra={**progress.extra, **counts})
         path = self.store.save(self.ctx.policy, progress)
@@ -353,20 +360,36 @@ class RankZeroEngine:
     def trained_counts(self) -> dict[str, int]:
         return {**self.trained_by_incarnation, self.coordinator.incarnation: self.fragments_trained}
 
+    def dropped_counts(self) -> dict[str, int]:
+        """Fragments dropped as stale (async) by each incarnation, in the surviving history."""
+        return {**self.dropped_by_incarnation, self.coordinator.incarnation: self.fragments_dropped}
+
     def incarnation_counts(self) -> dict[str, Any]:
-        """Acknowledged and trained fragments over every incarnation (sync engines journal acks)."""
+        """Acknowledged, trained and dropped fragments over every incarnation (from the journal).
+
+        In the surviving history every acknowledged fragment is trained on, dropped as stale or still
+        queued when the run ends (async) exactly once: ``fragments_acknowledged_total ==
+        fragments_trained_total + fragments_dropped_total + fragments_queued_at_end``.
+        """
         journal = self.coordinator.journal
         if journal is None:
             return {}
-        acknowledged = journal.acknowledged_by_incarnation()
+        acknowledged, queued = self.coordinator.acknowledged_and_queued()
         trained = self.trained_counts()
+        dropped = self.dropped_counts()
         return {
             "incarnations": {
-                name: {"acknowledged": acknowledged.get(name, 0), "trained": trained.get(name, 0)}
+                name: {
+                    "acknowledged": acknowledged.get(name, 0),
+                    "trained": trained.get(name, 0),
+                    "dropped_stale": dropped.get(name, 0),
+                }
                 for name in sorted(set(acknowledged) | set(trained))
             },
             "fragments_acknowledged_total": sum(acknowledged.values()),
             "fragments_trained_total": self.trained_before + self.fragments_trained,
+            "fragments_dropped_total": sum(dropped.values()),
+            "fragments_queued_at_end": queued,
             "fragments_replayed": self.coordinator.replayed,
         }
 

@@ -28,6 +28,7 @@ from rlkube.engine.run_paths import RunPaths
 from rlkube.failure import format_console
 from rlkube.jobfile import dump_job
 from rlkube.launch.local import CLUSTER_FILE, Layout, Outcome, Ports, Supervisor, supervise
+from rlkube.launch.netns import NetnsError, NodeNet, discover_all
 from rlkube.launch.results import fresh_run_dir, print_result, summary_from_json, write_failure_summary
 from rlkube.security.credential import Credential, new_token, write_token_file
 from rlkube.spec import RLJob
@@ -106,6 +107,17 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
         print(f"rlkube: {describe(exc)}", file=sys.stderr)
         return 1
     nodes = max(1, int(args.nodes))
+    netns: tuple[NodeNet, ...] = ()
+    if getattr(args, "netns", None):
+        try:
+            netns = discover_all(args.netns)
+        except NetnsError as exc:
+            print(f"rlkube: {exc}", file=sys.stderr)
+            return 2
+        if args.nodes not in (1, len(netns)):
+            print(f"rlkube: --nodes {args.nodes} but --netns names {len(netns)} namespaces", file=sys.stderr)
+            return 2
+        nodes = len(netns)
     layout = Layout(
         job=job,
         run_dir=paths.run_dir.resolve(),
@@ -113,19 +125,22 @@ def run_local_cluster(job: RLJob, args: argparse.Namespace) -> int:
         nodes=nodes,
         ports=Ports.allocate(job.spec.trainer.replicas),
         listen_host=getattr(args, "listen", None) or contract.LISTEN_LOOPBACK,
+        netns=netns,
+        standby=bool(getattr(args, "standby", False)),
     )
     write_token_file(layout.token_file, new_token())  # a fresh credential for every run
     supervisor = Supervisor(layout)
+    where = f" in network namespaces {', '.join(n.namespace for n in netns)}" if netns else ""
     print(
         f"{job.name}: {job.spec.trainer.replicas} train ranks, {job.spec.evaluator.replicas} eval workers on "
-        f"{nodes} simulated node(s), strategy {job.spec.policy.weight_buffer.strategy.value}; "
+        f"{nodes} simulated node(s){where}, strategy {job.spec.policy.weight_buffer.strategy.value}; "
         f"run directory {paths.run_dir}\n  scale with: rlkube scale {paths.run_dir} --evaluators K"
         f"\n  metrics: each process serves /metrics on its own port, see {paths.run_dir / CLUSTER_FILE}",
         flush=True,
     )
     live = not args.no_progress and Console().is_terminal
     with StatusLine(
-        f"127.0.0.1:{layout.ports.coordinator}",
+        layout.coordinator_addr,
         live=live,
         interval=job.spec.log.interval_seconds,
         credential=Credential.from_file(layout.token_file),

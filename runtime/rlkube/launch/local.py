@@ -44,7 +44,17 @@ from rlkube.engine.failure import read_failure
 from rlkube.engine.run_paths import RunPaths
 from rlkube.failure import Failure, failure_from_log
 from rlkube.health import HEALTH_PORT_ENV
-from rlkube.launch.processes import RestartBackOff, free_port, signal_group, spawn, tail
+from rlkube.launch.netns import NodeNet
+from rlkube.launch.processes import (
+    STANDBY_ENV,
+    RestartBackOff,
+    free_port,
+    signal_group,
+    spawn,
+    standby_can_go,
+    standby_is_ready,
+    tail,
+)
 from rlkube.run_policy import RestartLedger
 from rlkube.security.credential import new_token, write_token_file
 from rlkube.spec import RLJob
@@ -90,6 +100,25 @@ class Layout:
     ports: Ports
     #: Where the "pods" bind their servers: loopback unless ``rlkube run --listen`` says otherwise.
     listen_host: str = contract.LISTEN_LOOPBACK
+    #: ``rlkube run --netns``: node ``i`` runs in ``netns[i]`` (empty: every node shares this host's).
+    netns: tuple[NodeNet, ...] = ()
+    #: ``rlkube run --standby``: keep a warm standby of every train rank (imports done), so that a
+    #: train group restart does not wait for Python and torch to start.
+    standby: bool = False
+
+    @property
+    def coordinator_addr(self) -> str:
+        """Where the coordinator (train rank 0, on node 0) is reached."""
+        host = self.netns[0].address if self.netns else "127.0.0.1"
+        return f"{host}:{self.ports.coordinator}"
+
+    def node_host(self, node: int) -> str:
+        """The address node ``node`` is reached at (what its servers bind)."""
+        return self.netns[node].address if self.netns else self.listen_host
+
+    def exec_prefix(self, role: Role, index: int) -> list[str]:
+        """What a command of this "pod" runs under: its node's namespace, if it has one."""
+        return self.netns[self.node_of(role, index)].exec_prefix() if self.netns else []
 
     @property
     def job_file(self) -> Path:
@@ -134,28 +163,31 @@ def pod_env(layout: Layout, role: Role, index: int, *, metrics_port: int = 0) ->
         "RLKUBE_REPLICA_INDEX": str(index),
         "RLKUBE_POD_NAME": layout.pod_name(role, index),
         "RLKUBE_NODE_NAME": layout.node_name(node),
-        "RLKUBE_COORDINATOR_ADDR": f"127.0.0.1:{layout.ports.coordinator}",
+        "RLKUBE_COORDINATOR_ADDR": layout.coordinator_addr,
         "RLKUBE_SHM_DIR": str(layout.shm_dir(node)),
         "RLKUBE_RUN_DIR": str(layout.run_dir),
         "RLKUBE_JOB_CONFIG": str(layout.job_file),
         "RLKUBE_WEIGHT_PORT": str(layout.ports.weights[index if role is Role.TRAIN else 0]),
         "RLKUBE_METRICS_PORT": str(metrics_port),
         "RLKUBE_TOKEN_FILE": str(layout.token_file),
-        "RLKUBE_LISTEN_HOST": layout.listen_host,
+        "RLKUBE_LISTEN_HOST": layout.node_host(node),
     }
+    if layout.netns:  # gloo cannot find a namespace's interface from its host name
+        env["GLOO_SOCKET_IFNAME"] = layout.netns[node].interface
     if role is Role.TRAIN:
         world = spec.trainer.replicas
+        master = layout.netns[0].address if layout.netns else "127.0.0.1"
         env |= {
             "RLKUBE_BACKEND": spec.resolved_backend(cuda_available=_cuda_available()).value,
             "WORLD_SIZE": str(world),
             "RANK": str(index),
             "LOCAL_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": master,
             "MASTER_PORT": str(layout.ports.master),
             "PET_NNODES": str(world),
             "PET_NPROC_PER_NODE": "1",
             "PET_NODE_RANK": str(index),
-            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_ADDR": master,
             "PET_MASTER_PORT": str(layout.ports.master),
         }
     return env
@@ -226,6 +258,7 @@ class Supervisor:
     _eval_retry_at: dict[int, float] = field(default_factory=dict)
     _eval_crash_loop: dict[int, int] = field(default_factory=dict)  # consecutive failures: the back-off
     _eval_failures: dict[int, int] = field(default_factory=dict)  # restarts per eval replica
+    spares: dict[int, Proc] = field(default_factory=dict)  # warm standbys by rank (--standby)
 
     @property
     def train_restarts(self) -> int:
@@ -251,9 +284,38 @@ class Supervisor:
 
     def start_train_group(self) -> None:
         for rank in range(self.layout.job.spec.trainer.replicas):
+            spare = self.spares.pop(rank, None)
+            alive = spare is not None and spare.popen.poll() is None
+            if spare is not None and alive and standby_can_go(self._ready_file(rank), spare.popen.pid):
+                self.train[rank] = self._activate(spare, restarts=self.train_restarts)
+                continue
+            if spare is not None:  # it has not even started Python yet: a fresh start is as quick
+                self.stop_processes([spare], grace=0)
             self.train[rank] = self._spawn(Role.TRAIN, rank, restarts=self.train_restarts)
 
-    def _spawn(self, role: Role, index: int, restarts: int = 0) -> Proc:
+    def keep_standbys(self) -> None:
+        """``--standby``: one warm standby per train rank (a dead one is replaced)."""
+        if not self.layout.standby:
+            return
+        for rank in range(self.layout.job.spec.trainer.replicas):
+            spare = self.spares.get(rank)
+            if spare is None or spare.popen.poll() is not None:
+                self.spares[rank] = self._spawn(Role.TRAIN, rank, standby=True)
+
+    def _ready_file(self, rank: int) -> Path:
+        return self.layout.shm_root / f"standby-rank-{rank}.ready"
+
+    def _activate(self, spare: Proc, *, restarts: int) -> Proc:
+        """The standby becomes the rank (SIGUSR1); its log says so, as a fresh start's would."""
+        self._ready_file(spare.index).unlink(missing_ok=True)
+        with spare.log_path.open("ab") as log:
+            log.write(f"==== {spare.name} started at {time.strftime('%H:%M:%S')} (restart {restarts}, "
+                      "a warm standby)\n".encode())  # fmt: skip
+        os.kill(spare.popen.pid, signal.SIGUSR1)
+        spare.started_at, spare.restarts = time.monotonic(), restarts
+        return spare
+
+    def _spawn(self, role: Role, index: int, restarts: int = 0, *, standby: bool = False) -> Proc:
         name = self.layout.pod_name(role, index)
         log_path = self.layout.run_dir / "logs" / f"{name}.log"
         metrics_port = free_port()  # one per process: locally every "pod" shares the host
@@ -261,7 +323,12 @@ class Supervisor:
         # Health on any free port: the "pods" share one host (and no kubelet probes them).
         env[HEALTH_PORT_ENV] = "0"
         started = time.strftime("%H:%M:%S")
-        popen = spawn(self.command, env, log_path, header=f"{name} started at {started} (restart {restarts})")
+        header = f"{name} started at {started} (restart {restarts})"
+        if standby:
+            env[STANDBY_ENV] = str(self._ready_file(index))
+            header = f"a standby of {name} started at {started} (waits until it is needed)"
+        command = [*self.layout.exec_prefix(role, index), *self.command]
+        popen = spawn(command, env, log_path, header=header)
         return Proc(name, role, index, popen, log_path, time.monotonic(), restarts, metrics_port=metrics_port)
 
     # -------------------------------------------------------------- control
@@ -349,30 +416,44 @@ class Supervisor:
             self.train.clear()
             self.start_train_group()
         self.reconcile_evaluators(now)
+        self.keep_standbys()
         self.write_cluster_file()
         return None
 
     def describe(self) -> dict[str, object]:
         """What ``cluster.json`` says: where the coordinator is and which process is which pod."""
         return {
-            "coordinator": f"127.0.0.1:{self.layout.ports.coordinator}",
+            "coordinator": self.layout.coordinator_addr,
             "token_file": str(self.layout.token_file),
             "shm_root": str(self.layout.shm_root),
             "desired_evaluators": self.desired_evaluators,
             "train_restarts": self.train_restarts,
             "eval_restarts": self.eval_restarts,
+            "standby": {p.name: p.popen.pid for p in self.spares.values() if p.popen.poll() is None},
+            "standby_ready": sorted(
+                p.name
+                for p in self.spares.values()
+                if standby_is_ready(self._ready_file(p.index), p.popen.pid)
+            ),
             "pods": {
                 p.name: {
                     "pid": p.popen.pid,
                     "role": p.role.value,
                     "index": p.index,
                     "restarts": p.restarts,
-                    "metrics": f"http://127.0.0.1:{p.metrics_port}{contract.METRICS_PATH}",
+                    "metrics": f"http://{self._metrics_host(p)}:{p.metrics_port}{contract.METRICS_PATH}",
                 }
                 for p in self.all_procs()
                 if p.popen.poll() is None
             },
         }
+
+    def _metrics_host(self, proc: Proc) -> str:
+        return (
+            self.layout.netns[self.layout.node_of(proc.role, proc.index)].address
+            if self.layout.netns
+            else "127.0.0.1"
+        )
 
     def write_cluster_file(self) -> None:
         text = json.dumps(self.describe(), indent=1)
@@ -398,7 +479,9 @@ class Supervisor:
                 proc.popen.wait()
 
     def shutdown(self, *, grace: float = GRACE_SECONDS) -> None:
-        # Eval workers first (they drain into a live coordinator), then the train ranks.
+        # Standbys (idle), eval workers (they drain into a live coordinator), then the train ranks.
+        self.stop_processes(list(self.spares.values()), grace=0)  # idle, nothing to save
+        self.spares.clear()
         self.stop_processes(list(self.evals.values()), grace=grace)
         self.evals.clear()
         self.stop_processes(list(self.train.values()), grace=grace)

@@ -33,7 +33,7 @@ from rlkube.engine.disk import EXIT_DISK_FAULT, describe, is_disk_error
 from rlkube.failure import describe_exception
 from rlkube.health import POD
 from rlkube.jobfile import load_job
-from rlkube.launch.processes import die_with_supervisor
+from rlkube.launch.processes import die_with_supervisor, wait_as_standby
 from rlkube.launch.termination import write_termination_message
 from rlkube.spec import RLJob, SpecError
 
@@ -52,6 +52,8 @@ def refuse(reason: FailureReason, message: str) -> int:
 
 def main(args: argparse.Namespace | None = None) -> int:
     if not die_with_supervisor(os.environ):
+        return 143
+    if not wait_as_standby(os.environ, _warm_up):  # rlkube run --standby: not needed after all
         return 143
     try:
         env = read_pod_env(os.environ)
@@ -125,6 +127,13 @@ def run_role(job: RLJob, env: PodEnv, policy_cls: type, stop: threading.Event) -
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _warm_up() -> None:
+    """What a standby train rank imports before it is needed (the seconds a restart would spend)."""
+    import rlkube.engine.pod_metrics
+    import rlkube.launch.preflight
+    import rlkube.launch.train  # noqa: F401  (torch, the engines, the coordinator)
 
 
 def _configure_logging(job: RLJob, env: PodEnv) -> None:

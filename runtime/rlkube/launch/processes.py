@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,3 +131,46 @@ def tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+#: Local runs only (``rlkube run --standby``): a train rank started with this set blocks SIGUSR1,
+#: says so in the file named, imports what it needs, says so again, and waits for SIGUSR1 (go:
+#: one sent while it still imports waits for it) or SIGTERM (not needed).
+STANDBY_ENV = "RLKUBE_STANDBY_FILE"
+
+
+def _say(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def wait_as_standby(environ: Mapping[str, str], warm_up: Callable[[], None]) -> bool:
+    """In a child started as a standby: ``warm_up()``, wait to be needed. True: go on, False: stop."""
+    ready = environ.get(STANDBY_ENV)
+    if not ready:
+        return True
+    wanted = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, wanted)  # from now on a SIGUSR1 waits for us
+    _say(Path(ready), f"{os.getpid()} waiting\n")
+    warm_up()
+    _say(Path(ready), f"{os.getpid()} ready\n")
+    received = signal.sigwait(wanted)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted)
+    return received == signal.SIGUSR1
+
+
+def standby_can_go(path: Path, pid: int) -> bool:
+    """Whether the standby ``pid`` takes SIGUSR1 as "go" now (it blocked it; it may still import)."""
+    try:
+        return path.read_text().split()[0] == str(pid)
+    except (OSError, IndexError):
+        return False
+
+
+def standby_is_ready(path: Path, pid: int) -> bool:
+    """Whether the standby ``pid`` has finished importing (a "go" starts it at once)."""
+    try:
+        return path.read_text().split() == [str(pid), "ready"]
+    except OSError:
+        return False

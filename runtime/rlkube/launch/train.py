@@ -153,7 +153,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         done = CheckpointStore(paths.checkpoints).completion()
         failed = read_failure(paths.checkpoints)
         coordinator = Coordinator(job, world_size=env.world_size)
-        if job.spec.engine is Engine.SYNC:  # acknowledged means durable (rlkube.coordinator.journal)
+        if job.spec.engine is not Engine.EVAL:  # acknowledged means durable (rlkube.coordinator.journal)
             journal_dir = paths.checkpoints / JOURNAL_DIR
             if not job.spec.checkpoint.resume:
                 shutil.rmtree(journal_dir, ignore_errors=True)  # a fresh start replays nothing
