@@ -6,6 +6,7 @@ assertion below happens while the version is provably not packed yet.
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +23,8 @@ from rlkube.weights.errors import FetchError
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher, chunk_pieces
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
 from rlkube.weights.shm_reader import ShmReader
+
+from tests.weights.conftest import Helper
 
 GRID = 4096
 
@@ -160,6 +163,31 @@ def test_a_node_receiver_never_commits_an_aborted_publish(
             assert snap.key == ("inc", 1)
             assert bool((snap.views["net"]["w"] == 1.0).all())
     receiver.close()
+
+
+def test_a_trainer_killed_mid_pack_leaves_the_receivers_version_as_it_was(
+    shm_dir: Path, helpers: list[Helper], pool: ThreadPoolExecutor
+) -> None:
+    trainer = Helper("packing-publisher", shm_dir / "train")
+    helpers.append(trainer)
+    address = trainer.read(timeout=120)["address"]
+    node = shm_dir / "node"
+    receiver = NodeReceiver(ReceiverConfig(shm_dir=node, source=address, rpc_timeout=10))  # driven by hand
+    with WeightStoreClient(address).connect() as client:
+        versions = client.watch(after=None, while_packing=True, seconds=60)
+        receiver.apply(next(versions))  # version 1, committed
+        trainer.send({"send": 2})
+        applied = pool.submit(receiver.apply, next(versions))  # version 2, announced while packed
+        assert trainer.read()["holding"]  # the fetch streams version 2; its last chunk is not packed
+        trainer.kill()
+        with pytest.raises(FetchError):
+            applied.result(60)
+    assert receiver.writer.latest().key == ("inc", 1)
+    assert receiver.writer.header().publishes == 1
+    with ShmReader(node, verify=True) as reader, reader.acquire() as snap:
+        assert snap.key == ("inc", 1)
+    receiver.close()
+    shutil.rmtree(shm_dir / "train", ignore_errors=True)  # the killed trainer could not clean up
 
 
 def test_chunk_pieces_cut_every_entry_on_the_grid() -> None:
