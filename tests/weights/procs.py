@@ -171,7 +171,33 @@ def checking_pinner(directory: str) -> None:
     reader.close()
 
 
+def packing_publisher(directory: str) -> None:
+    """A trainer that publishes version 1, then hangs packing version 2 before its last chunk once
+    a fetch streams it (prints ``{"holding": true}``), until it is killed."""
+    import threading
+
+    from rlkube.weights.publisher import PublisherConfig, WeightPublisher
+
+    config = PublisherConfig(
+        shm_dir=Path(directory), listen="127.0.0.1:0", chunk_bytes=4096, pack_threads=1, incarnation="inc"
+    )
+    publisher = WeightPublisher(config).connect()
+    publisher.send(filled_state_dict(1.0), version=1)
+    say(ready=True, address=publisher.address)
+
+    def hold(index: int, chunks: int) -> None:
+        if index == chunks - 1:
+            publisher.board.wait_streamed(("inc", 2), timeout=60)
+            say(holding=True)
+            threading.Event().wait()
+
+    publisher.pack_gate = hold
+    sys.stdin.readline()  # "send version 2"
+    publisher.send(filled_state_dict(2.0), version=2)
+
+
 ROLES = {
+    "packing-publisher": packing_publisher,
     "checking-pinner": checking_pinner,
     "reader-loop": reader_loop,
     "hanging-writer": hanging_writer,

@@ -96,32 +96,36 @@ class GetLayoutRequest(_message.Message):
     def __init__(self, layout_digest: _Optional[str] = ...) -> None: ...
 
 class WatchWeightsRequest(_message.Message):
-    __slots__ = ("worker_id", "node_name", "after_version", "incarnation")
+    __slots__ = ("worker_id", "node_name", "after_version", "incarnation", "while_packing")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    WHILE_PACKING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     node_name: str
     after_version: int
     incarnation: str
-    def __init__(self, worker_id: _Optional[str] = ..., node_name: _Optional[str] = ..., after_version: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    while_packing: bool
+    def __init__(self, worker_id: _Optional[str] = ..., node_name: _Optional[str] = ..., after_version: _Optional[int] = ..., incarnation: _Optional[str] = ..., while_packing: _Optional[bool] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("version", "layout_digest", "offset", "length", "chunk_bytes", "incarnation")
+    __slots__ = ("version", "layout_digest", "offset", "length", "chunk_bytes", "incarnation", "while_packing")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    WHILE_PACKING_FIELD_NUMBER: _ClassVar[int]
     version: int
     layout_digest: str
     offset: int
     length: int
     chunk_bytes: int
     incarnation: str
-    def __init__(self, version: _Optional[int] = ..., layout_digest: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    while_packing: bool
+    def __init__(self, version: _Optional[int] = ..., layout_digest: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., incarnation: _Optional[str] = ..., while_packing: _Optional[bool] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("version", "offset", "data", "checksum")

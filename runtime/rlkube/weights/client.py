@@ -34,6 +34,8 @@ from rlkube.weights.wire import (
 class FetchResult:
     nbytes: int
     chunks: int
+    #: The version's checksum from the commit chunk of a ``while_packing`` fetch (else None).
+    root: int | None = None
 
 
 class WeightStoreClient:
@@ -111,14 +113,21 @@ class WeightStoreClient:
         worker_id: str = "",
         node_name: str = "",
         seconds: float = 75.0,
+        while_packing: bool = False,
     ) -> Iterator[pb.WeightVersion]:
-        """Versions newer than ``after`` until the server ends the stream (or ``seconds`` pass)."""
+        """Versions newer than ``after`` until the server ends the stream (or ``seconds`` pass).
+
+        ``while_packing``: also versions the trainer has only started packing (checksum 0),
+        announced again with their checksum once committed; fetch those with ``fetch_into``,
+        which then waits for each chunk and returns the root with the commit.
+        """
         assert self._channel is not None, "connect() first"
         request = pb.WatchWeightsRequest(
             worker_id=worker_id,
             node_name=node_name,
             after_version=after.version if after else 0,
             incarnation=after.incarnation if after else "",
+            while_packing=while_packing,
         )
         call = self._watch(request, timeout=seconds)
         try:
@@ -137,6 +146,7 @@ class WeightStoreClient:
         offset: int = 0,
         length: int | None = None,
         digests: dict[int, int] | None = None,
+        while_packing: bool | None = None,
     ) -> FetchResult:
         """Fetch ``[offset, offset+length)`` of ``version`` into ``dst[offset:offset+length]`` (uint8).
 
@@ -144,7 +154,15 @@ class WeightStoreClient:
         it). Each chunk is checked (version, order, size, xxh3) before its bytes are copied once;
         its verified digest goes to ``digests[offset]``, from which the caller checks the
         version's hash-list root without reading the bytes again.
+
+        ``while_packing`` (default: when the version is announced with checksum 0, still being
+        packed): chunks arrive as the trainer packs them, and the stream ends with the commit
+        chunk, whose root is returned in ``FetchResult.root`` (required when the announcement
+        has no checksum); a publish that fails mid-pack ends the fetch with a FetchError
+        (ABORTED), never with a result.
         """
+        if while_packing is None:
+            while_packing = version.checksum == 0
         assert self._channel is not None, "connect() first"
         grid = version.chunk_bytes
         end = version.total_bytes if length is None else offset + length
@@ -161,10 +179,12 @@ class WeightStoreClient:
             length=end - offset,
             chunk_bytes=grid,
             incarnation=version.incarnation,
+            while_packing=while_packing,
         )
         where = f"version {version.incarnation}/{version.version} from {self.address}"
         expected = offset
         chunks = 0
+        root: int | None = None
         call = self._fetch(request, timeout=self.rpc_timeout + (end - offset) / self.bytes_per_second_floor)
         try:
             for message in call:
@@ -172,6 +192,11 @@ class WeightStoreClient:
                 n = len(chunk.data)
                 if chunk.version != version.version:
                     raise IntegrityError(f"{where}: received a chunk of version {chunk.version}")
+                if root is not None:
+                    raise IntegrityError(f"{where}: a chunk at offset {chunk.offset} after the commit")
+                if while_packing and n == 0 and chunk.offset == end == expected:
+                    root = chunk.checksum  # the commit chunk
+                    continue
                 if chunk.offset != expected:
                     raise IntegrityError(
                         f"{where}: chunk at offset {chunk.offset}, expected offset {expected}"
@@ -196,4 +221,10 @@ class WeightStoreClient:
             call.cancel()
         if expected != end:
             raise IntegrityError(f"{where}: truncated: received {expected - offset} of {end - offset} bytes")
-        return FetchResult(end - offset, chunks)
+        if while_packing and root is None and not version.checksum:
+            raise IntegrityError(f"{where}: the stream ended without the version's commit")
+        if root is not None and version.checksum and root != version.checksum:
+            raise IntegrityError(
+                f"{where}: committed with checksum {root:016x}, announced {version.checksum:016x}"
+            )
+        return FetchResult(end - offset, chunks, root)

@@ -6,6 +6,7 @@ Reading this module is how to count the copies a version costs end to end:
 function                  where                                       copies per version
 ========================  ==========================================  =====================
 copy_tensor_into_slot     trainer: state dict -> its node's shm slot  1 (per tensor)
+copy_piece_into_slot      the same, streaming: per tensor and chunk   (instead of the row above)
 copy_slot_into_message    weight server: slot -> gRPC message         1 per fetching node
 copy_message_into_slot    node receiver: gRPC message -> slot         1 per node
 copy_slot_into_shadow     eval, copy mode only (accelerators)         1 per eval policy
@@ -76,6 +77,22 @@ def copy_tensor_into_slot(dst: torch.Tensor, src: torch.Tensor, dst_bytes: np.nd
     else:
         dst.copy_(src)
     COPIES.add("copy_tensor_into_slot", dst.numel() * dst.element_size())
+
+
+def copy_piece_into_slot(dst_bytes: np.ndarray, src: torch.Tensor, start: int, stop: int) -> None:
+    """Trainer, streaming while packing: bytes ``[start, stop)`` of one parameter into their place.
+
+    The same one copy as :func:`copy_tensor_into_slot`, cut on the chunk grid so that chunk k
+    can be hashed and served before the rest is packed.
+    """
+    src = src.detach()
+    if src.device.type == "cpu" and src.is_contiguous() and not (src.is_conj() or src.is_neg()):
+        np.copyto(dst_bytes, _raw_bytes(src)[start:stop])
+    else:
+        torch.from_numpy(dst_bytes).copy_(
+            src.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)[start:stop]
+        )
+    COPIES.add("copy_piece_into_slot", stop - start)
 
 
 def copy_slot_into_message(prefix: bytes, data: memoryview, suffix: bytes) -> bytes:

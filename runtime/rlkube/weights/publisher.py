@@ -5,19 +5,26 @@ I/O. ``WeightPublisher(config)`` does nothing until ``connect()``, which becomes
 the network is skipped) and, with ``config.listen``, starts the WeightStore server. ``send()``
 packs the state dict into the inactive slot (one copy per tensor), checksums it, flips the
 header and announces the version to watchers; when it returns the version is committed and
-servable. Every train rank can run one: ranks hold identical weights after a DDP step, so a
-Sharded receiver fetches ranges from all of them (``config.peers``).
+servable. While remote receivers watch, ``send()`` streams while packing instead: it announces
+the version before packing it, packs and hashes it chunk by chunk (work shared by the pack
+threads, chunks in order) and marks each chunk ready for the WeightStore, so remote fetches run
+alongside the packing; the version is committed (and its root sent to those fetches) at the
+end, or aborted if packing fails (see :mod:`rlkube.weights.service`). Every train rank can run
+one: ranks hold identical weights after a DDP step, so a Sharded receiver fetches ranges from
+all of them (``config.peers``).
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import secrets
+import threading
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +36,13 @@ import torch
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
 from rlkube.weight_key import WeightKey
-from rlkube.weights.copies import chunk_digests, copy_tensor_into_slot, hash_list_root
+from rlkube.weights.copies import (
+    checksum,
+    chunk_digests,
+    copy_piece_into_slot,
+    copy_tensor_into_slot,
+    hash_list_root,
+)
 from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.layout import (
     Destinations,
@@ -40,8 +53,8 @@ from rlkube.weights.layout import (
     pack_into_,
 )
 from rlkube.weights.locks import FileLock, describe_pids, lock_holders
-from rlkube.weights.service import VersionBoard, serve_weight_store
-from rlkube.weights.shm import ShmWriter
+from rlkube.weights.service import PackingVersion, VersionBoard, serve_weight_store
+from rlkube.weights.shm import PinnedSlot, ShmWriter
 from rlkube.weights.shm_files import TRAINER_LOCK, WRITER_LOCK, attach, detach
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
@@ -115,6 +128,9 @@ class WeightPublisher:
         self._version = 0
         self._destinations: dict[tuple[int, int, str], Destinations] = {}  # per slot mapping and layout
         self._pool = ThreadPoolExecutor(max(1, config.pack_threads), thread_name_prefix="weight-pack")
+        #: Called by a pack thread before it packs chunk k of n, as ``pack_gate(k, n)``, when a
+        #: version streams while packing (tests hold packing with it); None: nothing.
+        self.pack_gate: Callable[[int, int], None] | None = None
 
     def connect(self) -> WeightPublisher:
         """Become the writer of ``shm_dir`` (taking it over from an eval receiver) and start serving."""
@@ -195,42 +211,59 @@ class WeightPublisher:
         number = self._version + 1 if version is None else int(version)
         layout = layout_of(state_dict)  # from this very state dict: validates it, so no second check
         started = time.perf_counter()
+        grid = self.config.chunk_bytes
+        sources = [a for a in (self.address, *self.config.peers) if a]
+        announcement = pb.WeightVersion(
+            version=number,
+            layout_digest=layout.digest,
+            total_bytes=layout.total_bytes,
+            incarnation=self.incarnation,
+            sources=sources,
+            fingerprint=dict(fingerprint or {}),
+            chunk_bytes=grid,
+        )
         lease = self.writer.begin(version=number, incarnation=self.incarnation, layout=layout)
+        packing: PackingVersion | None = None
         try:
             key = (lease.index, lease.array.ctypes.data, layout.digest)
             if key not in self._destinations:
                 self._destinations = {k: v for k, v in self._destinations.items() if k[0] != lease.index}
                 self._destinations[key] = destinations_of(lease.tensor, layout)
-            self._pack(state_dict, layout, self._destinations[key])
+            if self.board.wants_streaming():
+                announcement.published_at = time.time()
+                packing = self.board.open(announcement, layout, lease.array.data)
+                destinations = self._destinations[key]
+                digests = self._pack_streaming(state_dict, layout, destinations, lease.array, packing)
+            else:
+                self._pack(state_dict, layout, self._destinations[key])
         except BaseException:
+            if packing is not None:
+                self.board.abort(packing)
             self.writer.abort(lease)
             raise
-        # Local readers need no checksum (pins keep their snapshot intact): wake them first, then
-        # hash for remote receivers while they swap the new version in.
-        grid = self.config.chunk_bytes
-        meta = self.writer.commit(lease, checksum=None, chunk_bytes=grid)
-        metrics.PUBLISH_SECONDS.labels(stage="committed").observe(time.perf_counter() - started)
-        metrics.PUBLISHED_BYTES.inc(layout.total_bytes)
-        digests = self._digests(lease.array, grid)
-        total = hash_list_root(digests)
-        self.writer.record_checksum(lease.index, WeightKey(self.incarnation, number), total)
+        pinned: PinnedSlot | None = None
+        if packing is not None:
+            # Every chunk is hashed already: commit with the checksum; the pin covers the fetches
+            # still streaming this version from the slot.
+            total = hash_list_root(digests)
+            pinned = self.writer.commit_pinned(lease, checksum=total, chunk_bytes=grid)
+            meta = pinned.meta
+            metrics.PUBLISH_SECONDS.labels(stage="committed").observe(time.perf_counter() - started)
+            metrics.PUBLISHED_BYTES.inc(layout.total_bytes)
+        else:
+            # Local readers need no checksum (pins keep their snapshot intact): wake them first,
+            # then hash for remote receivers while they swap the new version in.
+            meta = self.writer.commit(lease, checksum=None, chunk_bytes=grid)
+            metrics.PUBLISH_SECONDS.labels(stage="committed").observe(time.perf_counter() - started)
+            metrics.PUBLISHED_BYTES.inc(layout.total_bytes)
+            digests = self._digests(lease.array, grid)
+            total = hash_list_root(digests)
+            self.writer.record_checksum(lease.index, WeightKey(self.incarnation, number), total)
         self._version = number
-        sources = [a for a in (self.address, *self.config.peers) if a]
-        self.board.publish(
-            pb.WeightVersion(
-                version=number,
-                layout_digest=layout.digest,
-                total_bytes=layout.total_bytes,
-                checksum=total,
-                incarnation=self.incarnation,
-                published_at=meta.published_at,
-                sources=sources,
-                fingerprint=dict(fingerprint or {}),
-                chunk_bytes=grid,
-            ),
-            layout,
-            digests,
-        )
+        committed = pb.WeightVersion()
+        committed.CopyFrom(announcement)
+        committed.checksum, committed.published_at = total, meta.published_at
+        self.board.publish(committed, layout, digests, packed=packing, pinned=pinned)
         metrics.PUBLISH_SECONDS.labels(stage="announced").observe(time.perf_counter() - started)
         logger.debug(
             "published version %d (%d bytes) in %.1f ms",
@@ -253,6 +286,51 @@ class WeightPublisher:
         ]
         return [digest for job in jobs for digest in job.result()]
 
+    def _pack_streaming(
+        self,
+        state_dict: StateDict,
+        layout: WeightLayout,
+        destinations: Destinations,
+        data: np.ndarray,
+        packing: PackingVersion,
+    ) -> list[int]:
+        """Pack and hash chunk by chunk, in order, marking each ready on the board; returns the digests.
+
+        The pack threads take the next chunk from one counter, so chunks become ready about in
+        order whatever the tensor sizes (a large tensor is copied in pieces, one per chunk).
+        """
+        grid = self.config.chunk_bytes
+        pieces = chunk_pieces(layout, grid)
+        tensors = [t for params in state_dict.values() for t in params.values()]
+        digests = [0] * len(pieces)
+        counter = itertools.count()
+        failed = threading.Event()
+        gate = self.pack_gate
+
+        def work() -> None:
+            while not failed.is_set() and (index := next(counter)) < len(pieces):
+                try:
+                    if gate is not None:
+                        gate(index, len(pieces))
+                    for entry, lo, hi in pieces[index]:
+                        copy_piece_into_slot(destinations[entry][1][lo:hi], tensors[entry], lo, hi)
+                    digests[index] = checksum(data[index * grid : (index + 1) * grid])
+                except BaseException:
+                    failed.set()
+                    raise
+                self.board.chunk_ready(packing, index, digests[index])
+
+        with torch.no_grad():
+            parts = min(self.config.pack_threads, len(pieces))
+            if parts <= 1:
+                work()
+            else:
+                jobs = [self._pool.submit(work) for _ in range(parts)]
+                wait(jobs)  # all of them: none may still write the slot when it is aborted
+                for job in jobs:
+                    job.result()
+        return digests
+
     def _pack(self, state_dict: StateDict, layout: WeightLayout, destinations: Destinations) -> None:
         """One copy per tensor, spread over ``pack_threads`` threads in contiguous groups of similar size."""
         tensors = [t for params in state_dict.values() for t in params.values()]
@@ -269,6 +347,18 @@ class WeightPublisher:
 def _copy_group(destinations: Destinations, tensors: list[torch.Tensor]) -> None:
     for (dst, dst_bytes), tensor in zip(destinations, tensors, strict=True):
         copy_tensor_into_slot(dst, tensor, dst_bytes)
+
+
+def chunk_pieces(layout: WeightLayout, grid: int) -> list[list[tuple[int, int, int]]]:
+    """Per chunk of ``grid`` bytes: the (entry index, start, stop) byte ranges of the entries in it."""
+    chunks: list[list[tuple[int, int, int]]] = [[] for _ in range(-(-layout.total_bytes // grid))]
+    for index, entry in enumerate(layout.entries):
+        position = entry.offset
+        while position < entry.offset + entry.nbytes:
+            stop = min(entry.offset + entry.nbytes, (position // grid + 1) * grid)
+            chunks[position // grid].append((index, position - entry.offset, stop - entry.offset))
+            position = stop
+    return chunks
 
 
 def split_evenly(sizes: list[int], parts: int) -> list[tuple[int, int]]:

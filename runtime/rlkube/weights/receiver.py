@@ -15,6 +15,12 @@ The elected receiver watches train rank 0's WeightStore and, for the newest anno
    listed in the version's ``sources``, falling back to rank 0 for a range a peer cannot serve;
 3. checks length and the whole-buffer xxh3 against the announcement, then flips the header.
 
+It watches ``while_packing``: a version is announced when the trainer starts packing it
+(checksum 0) and fetched while it is packed, each chunk as soon as the trainer hashed it; the
+checksum of step 3 then comes with every range's commit chunk, which the trainer only sends
+once the version is committed. A publish that fails mid-pack (or a trainer that dies) ends the
+fetch with an error: the scratch slot is dropped as in any other failure, never committed.
+
 Any failure in 2-3 marks the scratch slot EMPTY: the readable version and every reader stay as
 they were. A new incarnation (train rank 0 restarted) is accepted whatever its number.
 """
@@ -202,6 +208,7 @@ class NodeReceiver:
                     worker_id=self.config.worker_id,
                     node_name=self.config.node_name,
                     seconds=self.config.watch_seconds,
+                    while_packing=True,
                 ):
                     self._announce(version)
             except FetchError as exc:
@@ -247,11 +254,22 @@ class NodeReceiver:
         lease = self.writer.begin(version=version.version, incarnation=version.incarnation, layout=layout)
         started = time.perf_counter()
         try:
-            received = self._fetch(version, lease)
-            if received != version.checksum:
+            received, committed = self._fetch(version, lease)
+            if version.checksum and committed - {version.checksum}:
+                raise IntegrityError(
+                    f"version {version.version}: committed with checksums {sorted(committed)}, "
+                    f"announced {version.checksum:016x}"
+                )
+            expected = version.checksum or (committed.pop() if len(committed) == 1 else None)
+            if expected is None:
+                raise IntegrityError(
+                    f"version {version.version} was announced while packed and its ranges were "
+                    f"committed with {len(committed)} different checksums; nothing changed"
+                )
+            if received != expected:
                 raise IntegrityError(
                     f"version {version.version}: the {version.total_bytes} bytes received hash to "
-                    f"{received:016x}, the trainer announced {version.checksum:016x}"
+                    f"{received:016x}, the trainer announced {expected:016x}"
                 )
         except BaseException:
             self.writer.abort(lease)
@@ -260,7 +278,7 @@ class NodeReceiver:
         self.stats.fetch_seconds = [*self.stats.fetch_seconds[-99:], seconds]
         metrics.FETCH_SECONDS.observe(seconds)
         metrics.FETCHED_BYTES.inc(version.total_bytes)
-        meta = self.writer.commit(lease, checksum=version.checksum, chunk_bytes=version.chunk_bytes)
+        meta = self.writer.commit(lease, checksum=expected, chunk_bytes=version.chunk_bytes)
         self.stats.fetches += 1
         return meta
 
@@ -280,21 +298,28 @@ class NodeReceiver:
             self._layouts = {digest: layout, **dict(list(self._layouts.items())[:3])}
         return layout
 
-    def _fetch(self, version: pb.WeightVersion, lease: SlotLease) -> int:
-        """Fill the lease from the network; returns the hash-list root of the chunks received."""
+    def _fetch(self, version: pb.WeightVersion, lease: SlotLease) -> tuple[int, set[int]]:
+        """Fill the lease from the network; returns the hash-list root of the chunks received and
+        the checksums the ranges' commit chunks carried."""
         total, grid = version.total_bytes, version.chunk_bytes
         if grid <= 0:
             raise IntegrityError(f"version {version.version} announces no checksum grid (chunk_bytes)")
         ranges = split_ranges(total, self.config.streams, grid)
         sources = list(version.sources) or [self.config.source]
         digests: dict[int, int] = {}
+        committed: set[int] = set()
 
         def fetch_range(index: int) -> int:
             start, end = ranges[index]
             address = self.config.source if len(ranges) == 1 else sources[index % len(sources)]
             try:
                 got = self._client(address, index).fetch_into(
-                    version, lease.array, offset=start, length=end - start, digests=digests
+                    version,
+                    lease.array,
+                    offset=start,
+                    length=end - start,
+                    digests=digests,
+                    while_packing=True,
                 )
             except (FetchError, IntegrityError) as exc:
                 if address == self.config.source:
@@ -303,8 +328,15 @@ class NodeReceiver:
                     "range %d-%d from %s failed (%s); fetching it from rank 0", start, end, address, exc
                 )
                 got = self._client(self.config.source, index).fetch_into(
-                    version, lease.array, offset=start, length=end - start, digests=digests
+                    version,
+                    lease.array,
+                    offset=start,
+                    length=end - start,
+                    digests=digests,
+                    while_packing=True,
                 )
+            if got.root is not None:
+                committed.add(got.root)
             return got.nbytes
 
         if len(ranges) == 1:
@@ -316,4 +348,4 @@ class NodeReceiver:
             raise IntegrityError(
                 f"version {version.version}: {len(digests)} chunks received, expected {-(-total // grid)}"
             )
-        return hash_list_root([digests[offset] for offset in sorted(digests)])
+        return hash_list_root([digests[offset] for offset in sorted(digests)]), committed

@@ -12,6 +12,17 @@ returns the handler alone, for a coordinator that wants WeightStore on its own s
 * ``FetchWeights(version, range)``: the range's bytes as chunks read from the pinned slot. A
   fetch of a version whose slot the trainer wants back is ABORTED (the client moves on to the
   newest version) instead of holding up the trainer.
+
+Streaming while packing (``while_packing`` on both calls): when remote receivers watch, the
+publisher opens a version on the board (:meth:`VersionBoard.open`) before packing it, announces
+it at once with checksum 0, and marks each chunk ready (:meth:`VersionBoard.chunk_ready`) as soon as it is
+packed and hashed. A fetch of chunk k waits on the board's condition for chunk k (no polling),
+reading it from the slot being packed, which only the publisher writes and only before the
+chunk is ready. The fetch ends with a commit chunk (no data, the version's root as its
+checksum), sent only once the version is committed; a publish that fails mid-pack is
+aborted (:meth:`VersionBoard.abort`) and its fetches end ABORTED, so a receiver never commits it.
+Fetches still reading at the commit are covered by the slot's shared pin
+(:meth:`ShmWriter.commit_pinned`), held by the board until the last of them ends.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -53,6 +64,27 @@ def newer(version: pb.WeightVersion, after: WeightKey | None) -> bool:
     return WeightKey(version.incarnation, version.version).supersedes(after)
 
 
+class VersionAborted(Exception):
+    """A version being packed was aborted (or the board closed): its fetches end ABORTED."""
+
+
+@dataclass(eq=False)
+class PackingVersion:
+    """A version announced while its publisher packs it (see the module docstring)."""
+
+    announcement: pb.WeightVersion  # checksum 0: pending
+    data: memoryview  # the slot being packed
+    digests: list[int | None]  # chunk k's digest once it is packed and hashed
+    state: str = "packing"  # packing | committed | aborted
+    root: int = 0
+    streams: int = 0  # fetches reading it
+    pinned: PinnedSlot | None = None  # the committed slot, pinned while streams remain
+
+    @property
+    def key(self) -> WeightKey:
+        return WeightKey(self.announcement.incarnation, self.announcement.version)
+
+
 @dataclass
 class ServeStats:
     fetches: int = 0
@@ -71,14 +103,161 @@ class VersionBoard:
         self._layouts: dict[str, WeightLayout] = {}
         self._checksums: dict[tuple[str, int, int, int], int] = {}
         self._closed = False
+        self._packing: PackingVersion | None = None
+        self._roots: dict[WeightKey, int] = {}  # checksums of the last committed versions
+        self._streaming_watchers = 0
+        self._peer_fetches_while_packing = False
         self.stats = ServeStats()
         self.bytes_by_peer: Counter[str] = Counter()
 
-    def publish(
-        self, version: pb.WeightVersion, layout: WeightLayout, digests: list[int] | None = None
-    ) -> None:
-        """Announce ``version``; ``digests`` are its chunk checksums on the version's grid (served as is)."""
+    # -- streaming while packing
+    def wants_streaming(self) -> bool:
+        """Whether the next version should be announced while it is packed (hashing chunk by chunk).
+
+        Yes while a remote receiver watches with ``while_packing``, or once a peer's receiver
+        fetched ranges that way (Sharded: receivers watch rank 0 only). Otherwise the publisher
+        wakes local readers first and hashes afterwards, as they need no checksum.
+        """
         with self._cond:
+            return self._streaming_watchers > 0 or self._peer_fetches_while_packing
+
+    def open(self, announcement: pb.WeightVersion, layout: WeightLayout, data: memoryview) -> PackingVersion:
+        """Announce ``announcement`` (checksum 0) to ``while_packing`` watchers before it is packed."""
+        chunks = -(-layout.total_bytes // announcement.chunk_bytes) if layout.total_bytes else 0
+        record = PackingVersion(announcement, data, [None] * chunks)
+        with self._cond:
+            self._layouts[layout.digest] = layout
+            self._packing = record
+            self._cond.notify_all()
+        return record
+
+    def chunk_ready(self, record: PackingVersion, index: int, digest: int) -> None:
+        """Chunk ``index`` of ``record`` is packed and hashed: its fetches may send it."""
+        with self._cond:
+            record.digests[index] = digest
+            self._cond.notify_all()
+
+    def abort(self, record: PackingVersion) -> None:
+        """The publish of ``record`` failed: its fetches end ABORTED, nobody may commit it."""
+        with self._cond:
+            record.state = "aborted"
+            if self._packing is record:
+                self._packing = None
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Wake every waiting fetch (one whose client went away checks and leaves)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def join(self, key: WeightKey, *, wait: float) -> PackingVersion | None:
+        """Join the fetches of ``key`` if it is being packed (waiting up to ``wait`` for it to be
+        announced); None: it is not being packed (committed, or unknown here)."""
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while not self._closed:
+                record = self._packing
+                if record is not None and record.key == key:
+                    record.streams += 1
+                    self._cond.notify_all()
+                    return record
+                left = deadline - time.monotonic()
+                if key in self._roots or left <= 0:
+                    return None
+                self._cond.wait(left)
+        return None
+
+    def wait_streamed(self, key: WeightKey, *, timeout: float) -> bool:
+        """Whether a fetch streams ``key`` while it is packed (waiting up to ``timeout`` for one)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._packing is not None and self._packing.key == key and self._packing.streams > 0,
+                timeout,
+            )
+
+    def leave(self, record: PackingVersion) -> None:
+        with self._cond:
+            record.streams -= 1
+            if record.streams == 0 and record.pinned is not None:
+                record.pinned.release()
+                record.pinned = None
+
+    def wait_chunk(self, record: PackingVersion, index: int, active: Callable[[], bool]) -> int:
+        """Chunk ``index``'s digest once it is ready; raises VersionAborted if it never will be."""
+        with self._cond:
+            while True:
+                if record.state == "aborted" or self._closed or not active():
+                    raise VersionAborted(f"version {record.key[0]}/{record.key[1]} was aborted while packed")
+                if record.pinned is not None and record.pinned.superseded:
+                    raise VersionAborted(f"version {record.key[0]}/{record.key[1]} was superseded")
+                digest = record.digests[index]
+                if digest is not None:
+                    return digest
+                self._cond.wait()
+
+    def wait_root(
+        self,
+        key: WeightKey,
+        active: Callable[[], bool],
+        *,
+        wait: float,
+        record: PackingVersion | None = None,
+    ) -> int:
+        """The checksum of ``key`` once it is committed; raises VersionAborted if it never will be.
+
+        Waits as long as ``key`` is being packed, else up to ``wait`` (a version committed but
+        not yet announced: the publisher hashes it after waking local readers). ``record``: the
+        packing this fetch streamed, which must be the one committed (a failed publish may be
+        sent again under the same number).
+        """
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while True:
+                if record is not None and record.state == "aborted":
+                    raise VersionAborted(f"version {key[0]}/{key[1]} was aborted while packed")
+                if key in self._roots:
+                    return self._roots[key]
+                packing = self._packing is not None and self._packing.key == key
+                left = deadline - time.monotonic()
+                if self._closed or not active() or (not packing and left <= 0):
+                    raise VersionAborted(f"version {key[0]}/{key[1]} was aborted, not committed")
+                self._cond.wait(None if packing else left)
+
+    def watching(self, while_packing: bool, delta: int) -> None:
+        if while_packing:
+            with self._cond:
+                self._streaming_watchers += delta
+
+    def fetched_while_packing(self) -> None:
+        with self._cond:
+            self._peer_fetches_while_packing = True
+
+    def publish(
+        self,
+        version: pb.WeightVersion,
+        layout: WeightLayout,
+        digests: list[int] | None = None,
+        *,
+        packed: PackingVersion | None = None,
+        pinned: PinnedSlot | None = None,
+    ) -> None:
+        """Announce ``version``; ``digests`` are its chunk checksums on the version's grid (served as is).
+
+        ``packed``: the version was streamed while packed; ``pinned`` (its committed slot) then
+        covers its fetches still running, and is released when the last one ends.
+        """
+        with self._cond:
+            self._roots[WeightKey(version.incarnation, version.version)] = version.checksum
+            if len(self._roots) > 4:
+                self._roots = dict(list(self._roots.items())[-4:])
+            if packed is not None:
+                packed.state, packed.root = "committed", version.checksum
+                if packed.streams > 0 and pinned is not None:
+                    packed.pinned, pinned = pinned, None
+                if self._packing is packed:
+                    self._packing = None
+            if pinned is not None:
+                pinned.release()
             self._layouts[layout.digest] = layout
             if len(self._layouts) > 4:
                 keep = {layout.digest} | {s.digest for s in self.writer.header().slots}
@@ -102,10 +281,28 @@ class VersionBoard:
         with self._cond:
             return self._latest
 
-    def wait_newer(self, after: WeightKey | None, timeout: float) -> pb.WeightVersion | None:
+    def wait_newer(
+        self,
+        after: WeightKey | None,
+        timeout: float,
+        *,
+        while_packing: bool = False,
+        announced: pb.WeightVersion | None = None,
+    ) -> pb.WeightVersion | None:
+        """The newest version newer than ``after``; ``while_packing``: also one being packed (its
+        announcement, checksum 0), unless it is ``announced`` (sent already)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._closed:
+                packing = self._packing
+                if (
+                    while_packing
+                    and packing is not None
+                    and packing.announcement is not announced
+                    and newer(packing.announcement, after)
+                    and (self._latest is None or newer(packing.announcement, self._key(self._latest)))
+                ):
+                    return packing.announcement
                 if self._latest is not None and newer(self._latest, after):
                     return self._latest
                 left = deadline - time.monotonic()
@@ -113,6 +310,10 @@ class VersionBoard:
                     return None
                 self._cond.wait(left)
         return None
+
+    @staticmethod
+    def _key(version: pb.WeightVersion) -> WeightKey:
+        return WeightKey(version.incarnation, version.version)
 
     def layout(self, digest: str) -> WeightLayout | None:
         with self._cond:
@@ -154,15 +355,40 @@ class _Servicer:
         if after is None and request.after_version:
             after = WeightKey("", request.after_version)
         end = time.monotonic() + self.board.watch_seconds
-        while context.is_active() and time.monotonic() < end:
-            version = self.board.wait_newer(after, timeout=min(1.0, max(0.0, end - time.monotonic())))
-            if version is not None:
-                yield version
-                after = WeightKey(version.incarnation, version.version)
+        # A version announced while packed is announced again once committed (with its checksum):
+        # ``after`` only moves on committed ones, so a publish that fails mid-pack and is sent
+        # again under the same number is announced again.
+        announced: pb.WeightVersion | None = None
+        self.board.watching(request.while_packing, +1)
+        try:
+            while context.is_active() and time.monotonic() < end:
+                version = self.board.wait_newer(
+                    after,
+                    timeout=min(1.0, max(0.0, end - time.monotonic())),
+                    while_packing=request.while_packing,
+                    announced=announced,
+                )
+                if version is not None:
+                    yield version
+                    if version.checksum == 0:
+                        announced = version
+                    else:
+                        after = WeightKey(version.incarnation, version.version)
+        finally:
+            self.board.watching(request.while_packing, -1)
 
     def fetch(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         latest = self.board.latest()
         incarnation = request.incarnation or (latest.incarnation if latest is not None else "")
+        if request.while_packing:
+            self.board.fetched_while_packing()
+            record = self.board.join(WeightKey(incarnation, request.version), wait=PEER_WAIT_SECONDS)
+            if record is not None:
+                try:
+                    yield from self._stream_while_packing(record, request, context)
+                finally:
+                    self.board.leave(record)
+                return
         pinned = self.board.pin(incarnation, request.version, wait=PEER_WAIT_SECONDS)
         if pinned is None:
             newest = f"{latest.incarnation}/{latest.version}" if latest is not None else "none"
@@ -207,8 +433,69 @@ class _Servicer:
                 metrics.SERVED_BYTES.inc(len(data))
                 yield message
             metrics.FETCH_SERVED_SECONDS.observe(time.perf_counter() - started)
+            if request.while_packing:
+                yield self._commit_chunk(meta.key, meta.version, end, context)
         finally:
             pinned.release()
+
+    def _commit_chunk(
+        self,
+        key: WeightKey,
+        version: int,
+        end: int,
+        context: grpc.ServicerContext,
+        record: PackingVersion | None = None,
+    ) -> bytes:
+        """The chunk that ends a ``while_packing`` fetch: no data, the version's root as checksum."""
+        try:
+            root = self.board.wait_root(key, context.is_active, wait=PEER_WAIT_SECONDS, record=record)
+        except VersionAborted as exc:
+            self.board.stats.aborted += 1
+            abort(context, grpc.StatusCode.ABORTED, str(exc))
+        prefix, suffix = chunk_framing(version, end, 0, root)
+        return prefix + suffix
+
+    def _stream_while_packing(
+        self, record: PackingVersion, request: pb.FetchWeightsRequest, context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        """A fetch of a version being packed: chunk k as soon as it is ready, then the commit chunk."""
+        version = record.announcement
+        grid, total = version.chunk_bytes, version.total_bytes
+        if request.layout_digest and request.layout_digest != version.layout_digest:
+            abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"version {request.version} has layout {version.layout_digest}, not {request.layout_digest}",
+            )
+        start = int(request.offset)
+        end = total if request.length == 0 else start + int(request.length)
+        off_grid = start % grid or (request.chunk_bytes and request.chunk_bytes != grid)
+        if start > end or end > total or off_grid:
+            abort(
+                context,
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"range [{start}, {end}) in chunks of {request.chunk_bytes} is not on version "
+                f"{request.version}'s grid ({total} bytes in chunks of {grid})",
+            )
+        context.add_callback(self.board.wake)  # a client that goes away stops the wait
+        self.board.stats.fetches += 1
+        peer = context.peer()
+        started = time.perf_counter()
+        for offset in range(start, end, grid):
+            try:
+                digest = self.board.wait_chunk(record, offset // grid, context.is_active)
+            except VersionAborted as exc:
+                self.board.stats.aborted += 1
+                abort(context, grpc.StatusCode.ABORTED, str(exc))
+            data = record.data[offset : min(offset + grid, end)]
+            prefix, suffix = chunk_framing(version.version, offset, len(data), digest)
+            message = copy_slot_into_message(prefix, data, suffix)
+            self.board.stats.bytes += len(data)
+            self.board.bytes_by_peer[peer] += len(data)
+            metrics.SERVED_BYTES.inc(len(data))
+            yield message
+        metrics.FETCH_SERVED_SECONDS.observe(time.perf_counter() - started)
+        yield self._commit_chunk(record.key, version.version, end, context, record)
 
 
 def _identity(message: bytes) -> bytes:

@@ -316,8 +316,26 @@ class ShmWriter:
         ``checksum`` is the hash-list root on a ``chunk_bytes`` grid (``copies.buffer_checksum``);
         ``None`` records it as pending (0), to be filled in with :meth:`record_checksum`.
         """
+        return self._commit(lease, checksum=checksum, chunk_bytes=chunk_bytes, pin=False)[0]
+
+    def commit_pinned(self, lease: SlotLease, *, checksum: int, chunk_bytes: int) -> PinnedSlot:
+        """:meth:`commit`, handing the slot over pinned for reading in this process.
+
+        The weight server streams a version while it is packed, from the lease's bytes; this
+        pin keeps those bytes for its fetches still running after the commit. It is taken
+        before this writer's lock is let go, so no later :meth:`begin` can take the slot back
+        in between (only the writer ever pins a slot exclusively).
+        """
+        pinned = self._commit(lease, checksum=checksum, chunk_bytes=chunk_bytes, pin=True)[1]
+        assert pinned is not None
+        return pinned
+
+    def _commit(
+        self, lease: SlotLease, *, checksum: int | None, chunk_bytes: int, pin: bool
+    ) -> tuple[SlotMeta, PinnedSlot | None]:
         mm = self._header_mm
         assert mm is not None
+        pinned = None
         try:
             old = read_slot(mm, lease.index)
             meta = SlotMeta(
@@ -336,11 +354,19 @@ class ShmWriter:
             write_latest(mm, lease.index)
             bump_seq(mm)
             self._pins[lease.index].release()
+            if pin:
+                shared = FileLock(pin_path(self.directory, lease.index))
+                mapping = self._maps[lease.index]
+                if mapping is None or not shared.try_acquire(fcntl.LOCK_SH):
+                    shared.close()
+                    raise ShmError(f"{self.directory}: slot {lease.index} could not be pinned after commit")
+                data = memoryview(mapping.mm)[: meta.length]
+                pinned = PinnedSlot(meta, data, shared, self._wanted[lease.index])
         finally:
             self._lock.release()
         self._drop_unused_layouts()
         self.notify_readers()
-        return meta
+        return meta, pinned
 
     def record_checksum(self, index: int, key: WeightKey, checksum: int) -> None:
         """Fill in the checksum of a slot committed as pending, if it still holds ``key``."""
