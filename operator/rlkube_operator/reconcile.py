@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -358,9 +358,14 @@ class Reconciler:
             train_current_ready=current_ready if pods else None,
         )
 
-    def refresh(self, body: Mapping[str, Any], *, now: datetime) -> Outcome:
-        """Observe children and the coordinator, derive the status, act on what it says."""
-        job, invalid = self._parse(body, now=now)
+    def refresh(self, body: Mapping[str, Any], *, now: datetime | None = None) -> Outcome:
+        """Observe children and the coordinator, derive the status, act on what it says.
+
+        ``now`` is the moment of observation; by default the clock is read after the coordinator
+        answered, so a completionTime never predates the report it records (asking takes time,
+        and a TTL counted from a stamp taken before asking would run out early).
+        """
+        job, invalid = self._parse(body, now=now or datetime.now(UTC))
         if job is None:
             return invalid or Outcome()
         previous = previous_status(job.status, generation=_generation(_plain(body)))
@@ -373,6 +378,7 @@ class Reconciler:
             )
             if report is None and children.train.ready > 0:
                 metrics.UNREACHABLE.inc()
+        now = now or datetime.now(UTC)
         derived = derive_status(job, children, report, now=now)
         outcome = Outcome(phase=derived.phase)
         if status_changed(job.status, derived.status):

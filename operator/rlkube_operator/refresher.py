@@ -179,7 +179,7 @@ class Refresher:
         """Refresh and publish (in a worker thread); the stored body, and whether the job is gone."""
         with metrics.measured("status"):
             try:
-                outcome = self.reconciler.refresh(body, now=datetime.now(UTC))
+                outcome = self.reconciler.refresh(body)
             except ReconcileError as exc:
                 self._error(key, body, str(exc))
                 raise

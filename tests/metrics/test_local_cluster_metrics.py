@@ -36,6 +36,25 @@ def wait_for_restart(run: LocalRun, pod: str, old_pid: int, *, timeout: float) -
     raise AssertionError(f"{pod} did not come back within {timeout:.0f} s")
 
 
+def fragments_sent(run: LocalRun, pod: str) -> float:
+    try:
+        return scrape(metrics_url(run, pod)).get(("rlkube_eval_fragments_total", ()), 0.0)
+    except (OSError, KeyError):
+        return 0.0  # not registered or not serving yet
+
+
+def wait_for_fragments(run: LocalRun, pods: tuple[str, ...], *, timeout: float) -> None:
+    """Until every pod in ``pods`` has sent a fragment (so it has loaded weights and rolled out)."""
+    deadline = time.monotonic() + timeout
+    waiting = list(pods)
+    while waiting and time.monotonic() < deadline:
+        waiting = [pod for pod in waiting if not fragments_sent(run, pod)]
+        assert run.proc.poll() is None, f"the run ended before {waiting} sent a fragment"
+        if waiting:
+            time.sleep(0.3)
+    assert not waiting, f"{waiting} sent no fragment within {timeout:.0f} s"
+
+
 def test_rank_zero_and_eval_workers_export_progress_weights_and_trajectories(
     local_run, tmp_path: Path
 ) -> None:
@@ -49,7 +68,11 @@ def test_rank_zero_and_eval_workers_export_progress_weights_and_trajectories(
     )
     run = LocalRun(job, tmp_path / "run", "--nodes", "2")
     local_run.append(run)
-    run.wait_until(lambda s: s.epoch >= 3, timeout=180, what="epoch 3")
+    # Both workers registered: under load node-1's worker can start after rank 0's third epoch.
+    run.wait_until(
+        lambda s: s.epoch >= 3 and s.eval_workers == 2, timeout=180, what="epoch 3 with both eval workers"
+    )
+    wait_for_fragments(run, ("small-eval-0", "small-eval-1"), timeout=120)
 
     train = scrape(metrics_url(run, "small-train-0"))
     epoch = value(train, "rlkube_train_epoch")

@@ -19,7 +19,7 @@ class FakeReconciler:
         self.finished: set[str] = set()
         self.refreshed: list[tuple[float, str]] = []
 
-    def refresh(self, body: dict[str, Any], *, now: datetime) -> Outcome:
+    def refresh(self, body: dict[str, Any], *, now: datetime | None = None) -> Outcome:
         self.refreshed.append((time.monotonic(), body["metadata"]["resourceVersion"]))
         return Outcome()
 
