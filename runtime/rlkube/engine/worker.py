@@ -18,9 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.contract import PodEnv
@@ -47,31 +45,6 @@ PUSH_RETRY_SECONDS = 120.0
 #: After SIGTERM a push is retried this long at most: a coordinator that does not answer while we
 #: drain is gone (stopped with us), and the task goes back to the queue when its lease expires.
 DRAIN_PUSH_SECONDS = 5.0
-
-
-class WorkerPlane(Protocol):
-    """The weight plane a worker drives: the job's ``EvalWeightPlane`` (a NullPlane in process)."""
-
-    def attach(self, policy: BasePolicy) -> None: ...
-
-    def start(self, policy: BasePolicy) -> object: ...
-
-    def loaded_key(self) -> WeightKey | None: ...
-
-    def sync(
-        self,
-        policy: BasePolicy,
-        *,
-        min_version: int = 0,
-        incarnation: str | None = None,
-        timeout: float = 60.0,
-        stop: threading.Event | None = None,
-        abandon: Callable[[], bool] | None = None,
-    ) -> WeightKey | None: ...
-
-    def loaded_report(self, policy: BasePolicy) -> pb.ReportLoadedRequest: ...
-
-    def close(self) -> None: ...
 
 
 #: While waiting for weights and holding another incarnation's, ask the coordinator this often.
@@ -108,7 +81,7 @@ class EvalWorker:
         *,
         stop: threading.Event,
         client: PolicyGroupClient | None = None,
-        plane: WorkerPlane | None = None,
+        plane: EvalWeightPlane | None = None,
     ) -> None:
         self.job = job
         self.env = env
@@ -237,7 +210,7 @@ class EvalWorker:
         if not reply.known:
             self._registered.clear()
 
-    def _incarnation_gone(self, plane: WorkerPlane) -> bool:
+    def _incarnation_gone(self, plane: EvalWeightPlane) -> bool:
         """Is the incarnation this worker waits on dead? (Checked while waiting for its weights.)
 
         True once the coordinator forgot us. When the node's buffer already handed the model
@@ -256,7 +229,7 @@ class EvalWorker:
         return not self._registered.is_set()
 
     # ------------------------------------------------------------------ work
-    def _serve(self, policy: BasePolicy, plane: WorkerPlane, rollout: RolloutWorker) -> None:
+    def _serve(self, policy: BasePolicy, plane: EvalWeightPlane, rollout: RolloutWorker) -> None:
         while not self.stop.is_set():
             if not self._registered.is_set():
                 POD.ready(False)  # readiness follows the registration
@@ -291,7 +264,7 @@ class EvalWorker:
             elif task.kind == pb.Task.EVALUATE:
                 self._evaluate(task, policy)
 
-    def _load(self, policy: BasePolicy, plane: WorkerPlane, version: int) -> float | None:
+    def _load(self, policy: BasePolicy, plane: EvalWeightPlane, version: int) -> float | None:
         """Make the model hold at least ``version``; report a newly loaded version. Seconds waited."""
         started = time.perf_counter()
         # Versions count within one incarnation of train rank 0 (a restarted rank 0 counts again).
@@ -318,7 +291,7 @@ class EvalWorker:
         self.stats.weight_wait_seconds += waited
         return waited
 
-    def _report(self, policy: BasePolicy, plane: WorkerPlane) -> None:
+    def _report(self, policy: BasePolicy, plane: EvalWeightPlane) -> None:
         """Tell the coordinator about a newly loaded version, with the model's fingerprint."""
         with self._report_lock:
             key = WeightKey.of(plane.loaded_key())
@@ -337,7 +310,7 @@ class EvalWorker:
                 return
             self.reported = key
 
-    def _report_loads(self, policy: BasePolicy, plane: WorkerPlane) -> None:
+    def _report_loads(self, policy: BasePolicy, plane: EvalWeightPlane) -> None:
         """Background strategies load new versions between tasks: report them as they land."""
         while not self.stop.wait(0.25):
             self._report(policy, plane)
