@@ -20,6 +20,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.rollout.run",
         "env steps/s for 1, 2, 4 eval workers, sync vs async, batched vs per-env requests, vs Ray",
     ),
+    "fragment-bytes": (
+        "benchmarks.rollout.fragment_bytes",
+        "one trajectory fragment's size on the wire, as sent and with uint8 leaves as float32",
+    ),
     "learn": (
         "benchmarks.learn.run",
         "learning curves of a reference job over seeds: rlkube's PPO vs SB3's, CleanRL's figure beside",

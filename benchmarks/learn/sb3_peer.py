@@ -16,7 +16,9 @@ Mapping (rlkube ``spec`` -> SB3 ``PPO(...)``), chosen so both optimise the same 
 * ``encoder: nature_cnn`` -> ``CnnPolicy`` (SB3's NatureCNN, shared by actor and critic, as ours).
 * ``target_kl``: SB3 stops inside an epoch at 1.5x; rlkube after an epoch whose mean KL exceeds it.
 * envs: SB3's ``Monitor`` innermost (raw returns, as rlkube reports), then the job's
-  ``spec.env.wrappers``; ``normalizeObservation`` -> ``VecNormalize(norm_obs=True, norm_reward=False)``.
+  ``spec.env.wrappers`` except ``ClipAction``: gymnasium's widens the action space to
+  (-inf, inf), which SB3 refuses, and SB3 clips every Box action to the env's bounds itself --
+  the same clip; ``normalizeObservation`` -> ``VecNormalize(norm_obs=True, norm_reward=False)``.
 
 SB3 is imported only here, when the bench runs.
 """
@@ -31,7 +33,7 @@ from typing import Any
 from rlkube.envs.group import import_env_modules
 from rlkube.envs.wrappers import apply_wrappers
 from rlkube.policy.builtin.ppo_config import PPOAlgoConfig, PPOModelConfig, PPOOptimConfig, parse_section
-from rlkube.spec import RLJob
+from rlkube.spec import ClipActionWrapper, RLJob
 
 from benchmarks.learn.curve import Curve, steps_to_target
 
@@ -117,7 +119,7 @@ def run_sb3(job: RLJob, *, seed: int, budget: int, stop_at_target: bool) -> Curv
     torch.set_num_threads(1)
     try:
         import_env_modules(spec.env.imports)
-        wrappers = tuple(spec.env.wrappers)
+        wrappers = tuple(w for w in spec.env.wrappers if not isinstance(w, ClipActionWrapper))
         envs: VecEnv = make_vec_env(
             spec.env.id,
             n_envs=spec.env.num_envs,
