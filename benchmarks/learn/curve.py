@@ -20,6 +20,8 @@ class Curve:
     env_steps: int = 0
     wall_seconds: float = 0.0
     steps_to_target: int | None = None
+    #: Launcher time outside ``wall_seconds`` (a local cluster's process start-up and shutdown).
+    startup_seconds: float = 0.0
 
     def final_return(self, window: int = WINDOW) -> float | None:
         """Mean raw return of the last ``window`` episodes (None before any episode ended)."""
