@@ -3,7 +3,7 @@ ranks, each in a namespace of its own, and ends up with the trainer's exact weig
 
 The nodes are made by :func:`rlkube.launch.netns.link_local_nodes` (veth pairs, link-local
 addresses; root only, skipped elsewhere); the processes on them are the Sharded benchmark's
-(``benchmarks.weights.sharded_netns``): each rank a WeightPublisher, the receiver the elected
+(``benchmarks.weights.netns_nodes``): each rank a WeightPublisher, the receiver the elected
 NodeReceiver's own thread, watching rank 0 as eval pods do.
 """
 
@@ -21,7 +21,8 @@ from rlkube.weights.copies import buffer_checksum
 from rlkube.weights.shm_reader import ShmReader
 
 from benchmarks.weights.models import SPECS, advance_, make_state_dict
-from benchmarks.weights.sharded_netns import SIZES, ShardedNodes, sharded_nodes
+from benchmarks.weights.netns_nodes import ShardedNodes, sharded_nodes
+from benchmarks.weights.sharded_netns import SIZES
 from benchmarks.weights.sharded_netns import main as bench_main
 
 SIZE = SIZES["4MB"]
