@@ -79,11 +79,16 @@ def run_rank(args: argparse.Namespace) -> int:
         current = 0
         _reply(ready=True, address=publisher.address)
         for command in _commands():
-            if command["op"] == "publish":
+            if command["op"] == "prepare":  # the training step: the weights of ``version``
                 version = int(command["version"])
                 for _ in range(version - current):
                     advance_(state)
                 current = version
+                _reply(prepared=version)
+            elif command["op"] == "publish":
+                version = int(command["version"])
+                if version != current:
+                    raise RuntimeError(f"publish {version}: prepare it first (the weights are {current}'s)")
                 started = time.perf_counter()
                 publisher.send(state, version=version)
                 latest = publisher.latest()
@@ -255,8 +260,16 @@ class ShardedNodes:
     receiver_dir: Path
     incarnation: str
 
+    def prepare(self, version: int, *, timeout: float = 300.0) -> None:
+        """Both ranks compute the weights of ``version`` (a stand-in for the training step)."""
+        for rank in self.ranks:
+            rank.send(op="prepare", version=version)
+        for rank in self.ranks:
+            rank.reply(timeout=timeout)
+
     def publish(self, version: int, *, timeout: float = 300.0) -> list[dict[str, Any]]:
-        """Both ranks publish ``version`` (at once, as after one DDP step); their answers."""
+        """Both ranks publish ``version`` (at once, as after one DDP step; :meth:`prepare` it
+        first); their answers."""
         for rank in self.ranks:
             rank.send(op="publish", version=version)
         return [rank.reply(timeout=timeout) for rank in self.ranks]

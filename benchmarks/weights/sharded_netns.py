@@ -96,6 +96,7 @@ def measure(
     for i in range(iterations):
         for method in order if i % 2 == 0 else order[::-1]:
             version += 1
+            nodes.prepare(version)
             before = nodes.served()
             if mode == "fetch":
                 published = nodes.publish(version)

@@ -70,6 +70,7 @@ def test_a_receiver_in_a_third_namespace_gets_each_version_from_two_ranks_intact
             assert len(leftovers(tag)) == 3 + 3 + 1  # namespaces, host ends of the veths, the bridge
             served_before = [0, 0]
             for version in (1, 2):
+                nodes.prepare(version)
                 # Rank 1 commits first, so that its ranges are served by it (not by rank 0's fallback).
                 nodes.ranks[1].ask(op="publish", version=version, timeout=120)
                 published = nodes.ranks[0].ask(op="publish", version=version, timeout=120)
