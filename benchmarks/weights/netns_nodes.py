@@ -160,6 +160,7 @@ def run_receiver(args: argparse.Namespace) -> int:
                         version=latest.version if latest else 0,
                         checksum=latest.checksum if latest else 0,
                         errors=receiver.stats.errors,
+                        fetch_seconds=receiver.stats.fetch_seconds[-1:],
                     )
     finally:
         watcher.close()

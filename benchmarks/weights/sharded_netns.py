@@ -19,7 +19,7 @@ receiver's flip. Optionally every rank's outbound link is rate-limited (``tc`` t
 Needs root (it refuses otherwise). The node processes are :mod:`benchmarks.weights.netns_nodes`.
 
     rlkube bench sharded [--sizes 100MB,1GB] [--links unlimited,400mbit] [--iterations 4]
-                         [--modes fetch,end-to-end] [--streams 2] [--json PATH]
+                         [--modes fetch,end-to-end] [--warmup 1] [--streams 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="fetch (of committed versions), end-to-end (publish to flip)",
     )
     parser.add_argument("--iterations", type=int, default=4, help="versions per method and cell")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured versions per method first")
     parser.add_argument("--streams", type=int, default=2, help="range streams of the Sharded fetch")
     parser.add_argument("--model", default="transformer", choices=["transformer", "mlp"])
     parser.add_argument("--json", type=Path, help="write the rows to this file")
@@ -198,7 +199,12 @@ def run_cell(args: argparse.Namespace, *, size: str, mode: str) -> list[Row]:
     rows: list[Row] = []
     receiver_mode = "on-demand" if mode == "fetch" else "follow"
     with sharded_nodes(size=SIZES[size], mode=receiver_mode, streams=args.streams, model=args.model) as nodes:
-        version = 0
+        # Unmeasured versions first, each way: the receiver creates and touches each slot's pages
+        # on its first version (a second or more for 100 MB on a busy machine), the streams connect.
+        _, version, _ = measure(
+            nodes, mode=mode, size=size, link="unlimited", streams=args.streams, iterations=args.warmup,
+            version=0,
+        )  # fmt: skip
         for link in args.links.split(","):
             for rank in range(2):
                 nodes.net.unshape(rank)
