@@ -155,6 +155,8 @@ class Reconciler:
     settings: OperatorSettings
     #: GetStatus; replaceable in tests.
     ask_coordinator: Callable[..., CoordinatorReport | None] = get_status
+    #: The wall clock a refresh stamps its observation with; replaceable in tests.
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     #: Jobs (``ns/name``) whose pods a status refresh scaled to zero on finishing, before the
     #: status saying so is stored: a child watch then restores them at zero, not as running.
     finished: set[str] = field(default_factory=set)
@@ -365,7 +367,7 @@ class Reconciler:
         answered, so a completionTime never predates the report it records (asking takes time,
         and a TTL counted from a stamp taken before asking would run out early).
         """
-        job, invalid = self._parse(body, now=now or datetime.now(UTC))
+        job, invalid = self._parse(body, now=now or self.clock())
         if job is None:
             return invalid or Outcome()
         previous = previous_status(job.status, generation=_generation(_plain(body)))
@@ -378,7 +380,7 @@ class Reconciler:
             )
             if report is None and children.train.ready > 0:
                 metrics.UNREACHABLE.inc()
-        now = now or datetime.now(UTC)
+        now = now or self.clock()
         derived = derive_status(job, children, report, now=now)
         outcome = Outcome(phase=derived.phase)
         if status_changed(job.status, derived.status):

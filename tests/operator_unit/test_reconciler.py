@@ -189,6 +189,29 @@ def test_the_ttl_deletes_a_finished_job_when_it_runs_out() -> None:
     assert outcome.deleted
 
 
+def test_a_completion_is_stamped_when_the_coordinator_said_so_not_when_the_refresh_began() -> None:
+    # Asking the coordinator takes time (here 3 s of a fake clock): a completionTime taken before
+    # asking would predate the report, and a TTL counted from it would run out that much early.
+    clock = [NOW]
+
+    def slow_coordinator(target: str, timeout: float, token: str | None) -> CoordinatorReport:
+        clock[0] += timedelta(seconds=3)
+        return CoordinatorReport(phase="Complete", finished=True)
+
+    kube = FakeKube({("StatefulSet", "cartpole-train"): sts(1, 1)})
+    job = body(runPolicy={"ttlSecondsAfterFinished": 5})
+    rec = Reconciler(
+        kube=kube, settings=OperatorSettings(), ask_coordinator=slow_coordinator, clock=lambda: clock[0]
+    )
+    first = rec.refresh(job)
+    assert first.status_patch["completionTime"] == "2026-01-01T00:00:03Z"
+    job["status"] = first.status_patch
+    clock[0] = NOW + timedelta(seconds=7)  # 4 s after the report: the TTL of 5 s has not run out
+    assert not rec.refresh(job).deleted
+    clock[0] = NOW + timedelta(seconds=8)
+    assert rec.refresh(job).deleted
+
+
 def test_train_restarts_are_read_from_container_statuses() -> None:
     kube = FakeKube({("StatefulSet", "cartpole-train"): sts(1, 1)})
     kube.pods = [
