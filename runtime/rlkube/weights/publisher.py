@@ -12,6 +12,13 @@ alongside the packing; the version is committed (and its root sent to those fetc
 end, or aborted if packing fails (see :mod:`rlkube.weights.service`). Every train rank can run
 one: ranks hold identical weights after a DDP step, so a Sharded receiver fetches ranges from
 all of them (``config.peers``).
+
+Zero-copy publish: after :meth:`WeightPublisher.keep_resident` the trainer's own tensors live
+in the back slot (see :mod:`rlkube.weights.resident`), so ``send()`` of a state dict that
+aliases them copies nothing before the flip: it commits the slot the trainer trained in and
+wakes local readers, then moves the tensors into the other slot in the background while
+rollouts run. :meth:`WeightPublisher.wait_writable` waits for that move; the trainer calls it
+before its next update. Tensors that cannot reside (on a GPU, tied) are copied as before.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +44,7 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
 from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import (
+    COPIES,
     checksum,
     chunk_digests,
     copy_piece_into_slot,
@@ -53,8 +61,9 @@ from rlkube.weights.layout import (
     pack_into_,
 )
 from rlkube.weights.locks import FileLock, describe_pids, lock_holders
+from rlkube.weights.resident import ResidentTensors, aliases, why_not_resident
 from rlkube.weights.service import PackingVersion, VersionBoard, serve_weight_store
-from rlkube.weights.shm import PinnedSlot, ShmWriter
+from rlkube.weights.shm import PinnedSlot, ShmWriter, SlotLease
 from rlkube.weights.shm_files import TRAINER_LOCK, WRITER_LOCK, attach, detach
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
@@ -89,6 +98,9 @@ class PublisherConfig:
     takeover_timeout: float = 30.0
     #: Threads copying the state dict into the slot (numpy releases the GIL; 1 turns it off).
     pack_threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+
+    #: Let keep_resident() put the trainer's tensors in the back slot (zero-copy publish).
+    zero_copy: bool = True
 
     @classmethod
     def from_spec(
@@ -131,6 +143,14 @@ class WeightPublisher:
         #: Called by a pack thread before it packs chunk k of n, as ``pack_gate(k, n)``, when a
         #: version streams while packing (tests hold packing with it); None: nothing.
         self.pack_gate: Callable[[int, int], None] | None = None
+        #: The trainer's tensors when they live in a slot (zero-copy publish), their WRITING
+        #: lease between a move and the next send, and the move running after a flip.
+        self._resident: ResidentTensors | None = None
+        self._resident_lease: SlotLease | None = None
+        self._moving: Future[None] | None = None
+        self._mover = ThreadPoolExecutor(1, thread_name_prefix="weight-move")
+        #: Bytes copied by the last send() before its flip (0 when the tensors are resident).
+        self.last_copied_before_flip = 0
 
     def connect(self) -> WeightPublisher:
         """Become the writer of ``shm_dir`` (taking it over from an eval receiver) and start serving."""
@@ -165,6 +185,8 @@ class WeightPublisher:
         return f"127.0.0.1:{self.port}" if self.port else None
 
     def close(self) -> None:
+        self._release_resident()
+        self._mover.shutdown(wait=True)
         self.board.close()
         self._pool.shutdown(wait=True)
         if self._server is not None:
@@ -222,25 +244,27 @@ class WeightPublisher:
             fingerprint=dict(fingerprint or {}),
             chunk_bytes=grid,
         )
-        lease = self.writer.begin(version=number, incarnation=self.incarnation, layout=layout)
+        lease = self._resident_lease_for(state_dict, layout, number)
+        resident = lease is not None
+        if lease is None:
+            lease = self.writer.begin(version=number, incarnation=self.incarnation, layout=layout)
+        copied = _copied_into_slots()
         packing: PackingVersion | None = None
         try:
-            key = (lease.index, lease.array.ctypes.data, layout.digest)
-            if key not in self._destinations:
-                self._destinations = {k: v for k, v in self._destinations.items() if k[0] != lease.index}
-                self._destinations[key] = destinations_of(lease.tensor, layout)
+            destinations = self._destinations_of(lease)
             if self.board.wants_streaming():
                 announcement.published_at = time.time()
                 packing = self.board.open(announcement, layout, lease.array.data)
-                destinations = self._destinations[key]
                 digests = self._pack_streaming(state_dict, layout, destinations, lease.array, packing)
             else:
-                self._pack(state_dict, layout, self._destinations[key])
+                self._pack(state_dict, layout, destinations)
         except BaseException:
             if packing is not None:
                 self.board.abort(packing)
-            self.writer.abort(lease)
+            if not resident:  # a resident lease stays WRITING: the trainer's tensors live in it
+                self.writer.abort(lease)
             raise
+        self.last_copied_before_flip = _copied_into_slots() - copied
         pinned: PinnedSlot | None = None
         if packing is not None:
             # Every chunk is hashed already: commit with the checksum; the pin covers the fetches
@@ -260,6 +284,9 @@ class WeightPublisher:
             total = hash_list_root(digests)
             self.writer.record_checksum(lease.index, WeightKey(self.incarnation, number), total)
         self._version = number
+        if resident:  # the trainer must not write the slot readers now read: move off it
+            self._resident_lease = None
+            self._moving = self._mover.submit(self._move_resident)
         committed = pb.WeightVersion()
         committed.CopyFrom(announcement)
         committed.checksum, committed.published_at = total, meta.published_at
@@ -272,6 +299,92 @@ class WeightPublisher:
             1e3 * (time.perf_counter() - started),
         )
         return number
+
+    # ------------------------------------------------------------------ zero-copy publish
+    def keep_resident(self, tensors: StateDict) -> bool:
+        """Keep the trainer's own tensors (the objects it trains, e.g. ``state_dict(keep_vars=True)``
+        of its models) in this node's back slot, so that ``send()`` of a state dict aliasing them
+        copies nothing before the flip. The first move runs in the background (one copy).
+
+        Returns False, and nothing changes, where they cannot reside (the reason is logged):
+        ``send()`` then copies as before. Call :meth:`wait_writable` before updating them.
+        """
+        if not self.config.zero_copy or self._resident is not None:
+            return self._resident is not None
+        reason = why_not_resident(tensors)
+        if reason is not None:
+            logger.info("weights are copied at each publish (not zero-copy): %s", reason)
+            return False
+        self._resident = ResidentTensors(tensors)
+        self._moving = self._mover.submit(self._move_resident)
+        return True
+
+    @property
+    def resident(self) -> bool:
+        """Whether the trainer's tensors live in a slot (zero-copy publish)."""
+        return self._resident is not None
+
+    def wait_writable(self) -> None:
+        """Return once the trainer may update its tensors: a move after a flip is done."""
+        moving, self._moving = self._moving, None
+        if moving is not None:
+            moving.result()
+
+    def _move_resident(self) -> None:
+        """Take the back slot and move the resident tensors into it (the trainer waits for this)."""
+        tensors = self._resident
+        assert tensors is not None
+        try:
+            lease = self.writer.begin(
+                version=self._version + 1, incarnation=self.incarnation, layout=tensors.layout
+            )
+        except BaseException:
+            logger.exception("no slot for the trainer's tensors: publishing by copy from now on")
+            tensors.evict_()
+            self._resident = None
+            return
+        try:
+            tensors.move_into_(self._destinations_of(lease))
+        except BaseException:
+            tensors.evict_()
+            self._resident = None
+            self.writer.abort(lease)
+            raise
+        self._resident_lease = lease
+
+    def _resident_lease_for(
+        self, state_dict: StateDict, layout: WeightLayout, number: int
+    ) -> SlotLease | None:
+        """The lease the trainer's tensors live in, if ``state_dict`` is them; else None (copy)."""
+        self.wait_writable()
+        lease, tensors = self._resident_lease, self._resident
+        if lease is None or tensors is None:
+            return None
+        if lease.layout.digest != layout.digest or not aliases(state_dict, tensors.tensors):
+            logger.warning("the published state dict is not the resident one: publishing by copy")
+            self._release_resident()
+            return None
+        lease.version = number
+        return lease
+
+    def _release_resident(self) -> None:
+        """Give the trainer's tensors private memory again and hand their slot back."""
+        try:
+            self.wait_writable()
+        finally:
+            if self._resident is not None:
+                self._resident.evict_()
+                self._resident = None
+            if self._resident_lease is not None:
+                self.writer.abort(self._resident_lease)
+                self._resident_lease = None
+
+    def _destinations_of(self, lease: SlotLease) -> Destinations:
+        key = (lease.index, lease.array.ctypes.data, lease.layout.digest)
+        if key not in self._destinations:
+            self._destinations = {k: v for k, v in self._destinations.items() if k[0] != lease.index}
+            self._destinations[key] = destinations_of(lease.tensor, lease.layout)
+        return self._destinations[key]
 
     def _digests(self, data: np.ndarray, grid: int) -> list[int]:
         """The chunk digests of ``data``: contiguous runs of chunks hashed on the pack threads (xxhash
@@ -342,6 +455,12 @@ class WeightPublisher:
             jobs = [self._pool.submit(_copy_group, destinations[lo:hi], tensors[lo:hi]) for lo, hi in groups]
             for job in jobs:
                 job.result()
+
+
+def _copied_into_slots() -> int:
+    """Bytes this process copied from state dicts into slots so far (see rlkube.weights.copies)."""
+    counted = COPIES.snapshot()
+    return sum(counted.get(name, (0, 0))[1] for name in ("copy_tensor_into_slot", "copy_piece_into_slot"))
 
 
 def _copy_group(destinations: Destinations, tensors: list[torch.Tensor]) -> None:
