@@ -70,7 +70,8 @@ def _raw_bytes(tensor: torch.Tensor) -> np.ndarray:
 def in_place(dst: torch.Tensor, src: torch.Tensor) -> bool:
     """Whether ``src`` already is ``dst``'s memory (a resident tensor): nothing to copy."""
     return (
-        src.device == dst.device
+        src.numel() > 0
+        and src.device == dst.device
         and src.dtype == dst.dtype
         and src.shape == dst.shape
         and src.data_ptr() == dst.data_ptr()

@@ -317,6 +317,12 @@ class WeightPublisher:
             return False
         self._resident = ResidentTensors(tensors)
         self._moving = self._mover.submit(self._move_resident)
+        logger.info(
+            "zero-copy publish: the trainer's %d tensors (%d bytes) now live in %s",
+            len(self._resident.layout.entries),
+            self._resident.layout.total_bytes,
+            self.config.shm_dir,
+        )
         return True
 
     @property
