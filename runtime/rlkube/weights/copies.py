@@ -5,6 +5,7 @@ Reading this module is how to count the copies a version costs end to end:
 ========================  ==========================================  =====================
 function                  where                                       copies per version
 ========================  ==========================================  =====================
+copy_device_into_staging  trainer, GPU: device -> pinned host buffer  1 (per tensor), side stream
 copy_tensor_into_slot     trainer: state dict -> its node's shm slot  1 (per tensor), 0 resident
 copy_piece_into_slot      the same, streaming: per tensor and chunk   (instead of the row above)
 copy_resident_into_slot   trainer, after the flip: slot -> next slot  1, off the critical path
@@ -119,6 +120,16 @@ def copy_piece_into_slot(dst_bytes: np.ndarray, src: torch.Tensor, start: int, s
             src.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)[start:stop]
         )
     COPIES.add("copy_piece_into_slot", stop - start)
+
+
+def copy_device_into_staging(dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool) -> None:
+    """Trainer, parameters on an accelerator: one tensor into its place in the pinned staging buffer.
+
+    With ``non_blocking`` (CUDA, pinned ``dst``) the copy is queued on the caller's stream and
+    returns at once; :class:`rlkube.weights.staging.PinnedStaging` waits for it.
+    """
+    dst.copy_(src.detach(), non_blocking=non_blocking)
+    COPIES.add("copy_device_into_staging", dst.numel() * dst.element_size())
 
 
 def copy_resident_into_slot(dst_bytes: np.ndarray, src: torch.Tensor) -> None:

@@ -65,6 +65,7 @@ from rlkube.weights.resident import ResidentTensors, aliases, why_not_resident
 from rlkube.weights.service import PackingVersion, VersionBoard, serve_weight_store
 from rlkube.weights.shm import PinnedSlot, ShmWriter, SlotLease
 from rlkube.weights.shm_files import TRAINER_LOCK, WRITER_LOCK, attach, detach
+from rlkube.weights.staging import PinnedStaging, on_accelerator
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ class WeightPublisher:
         self._resident_lease: SlotLease | None = None
         self._moving: Future[None] | None = None
         self._mover = ThreadPoolExecutor(1, thread_name_prefix="weight-move")
+        self._staging = PinnedStaging()  # parameters on a GPU (see rlkube.weights.staging)
         #: Bytes copied by the last send() before its flip (0 when the tensors are resident).
         self.last_copied_before_flip = 0
 
@@ -231,6 +233,11 @@ class WeightPublisher:
         new files; that reader keeps its unchanged older copy), so a hung reader never fails this.
         """
         number = self._version + 1 if version is None else int(version)
+        copied = _copied_into_slots()
+        if on_accelerator(state_dict):  # device -> pinned host (side stream), then the slot below
+            state_dict = self._staging.snapshot_(state_dict)
+            self._staging.fence_()
+            self._staging.wait()
         layout = layout_of(state_dict)  # from this very state dict: validates it, so no second check
         started = time.perf_counter()
         grid = self.config.chunk_bytes
@@ -248,7 +255,6 @@ class WeightPublisher:
         resident = lease is not None
         if lease is None:
             lease = self.writer.begin(version=number, incarnation=self.incarnation, layout=layout)
-        copied = _copied_into_slots()
         packing: PackingVersion | None = None
         try:
             destinations = self._destinations_of(lease)
@@ -464,9 +470,10 @@ class WeightPublisher:
 
 
 def _copied_into_slots() -> int:
-    """Bytes this process copied from state dicts into slots so far (see rlkube.weights.copies)."""
+    """Bytes this process copied from state dicts towards slots so far (see rlkube.weights.copies)."""
     counted = COPIES.snapshot()
-    return sum(counted.get(name, (0, 0))[1] for name in ("copy_tensor_into_slot", "copy_piece_into_slot"))
+    names = ("copy_device_into_staging", "copy_tensor_into_slot", "copy_piece_into_slot")
+    return sum(counted.get(name, (0, 0))[1] for name in names)
 
 
 def _copy_group(destinations: Destinations, tensors: list[torch.Tensor]) -> None:
