@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from rlkube.engine.trainer import own_tensors
+from rlkube.engine.trainer import keep_resident, own_tensors
 from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import COPIES, buffer_checksum
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
@@ -205,3 +205,29 @@ def test_a_trainer_killed_while_training_in_the_slot_leaves_the_last_committed_v
             assert publisher.writer.latest().key == ("inc", 1)  # the WRITING slot was never committed
             assert publisher.send({"net": {"w": torch.zeros(3)}}) == 1
     shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+class CopyingPolicy(TinyPolicy):
+    """A user policy whose get_trainable_parameters hands out copies, not its tensors."""
+
+    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
+        return snapshot(super().get_trainable_parameters())
+
+
+def test_the_trainer_keeps_a_base_policys_tensors_resident_but_not_a_policy_that_returns_copies(
+    publisher: WeightPublisher, trainer: TinyPolicy
+) -> None:
+    publisher.send(trainer.get_trainable_parameters(), version=1)
+    keep_resident(publisher, trainer)
+    assert publisher.resident
+    publisher.close()
+    assert not publisher.resident  # closing hands the tensors private memory again
+
+    copying = CopyingPolicy(trainer.config, "train")
+    copying.init_train()
+    with WeightPublisher(PublisherConfig(shm_dir=publisher.config.shm_dir)) as other:
+        other.send(copying.get_trainable_parameters(), version=1)
+        keep_resident(other, copying)
+        assert not other.resident
+        other.send(copying.get_trainable_parameters(), version=2)
+        assert other.last_copied_before_flip > 0
