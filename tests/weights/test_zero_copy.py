@@ -23,6 +23,7 @@ from rlkube.weights.shm_reader import ShmReader
 from torch import nn
 
 from tests.weights.conftest import Helper
+from tests.weights.procs import filled_state_dict
 from tests.weights.tiny import TinyPolicy, tiny_policy
 
 
@@ -144,6 +145,7 @@ def test_a_state_dict_that_is_not_the_resident_one_is_published_by_copy_and_leav
     other = {m: {n: t + 1 if t.is_floating_point() else t for n, t in ps.items()} for m, ps in mine.items()}
     publisher.send(other, version=2)
     assert not publisher.resident
+    assert not publisher.keep_resident(own_tensors(trainer))  # by copy from now on
     with ShmReader(shm_dir, verify=True) as reader, reader.acquire() as snap:
         assert_same(snap.views, other)
     assert_same(trainer.get_trainable_parameters(), mine)  # its tensors kept their values
@@ -188,6 +190,44 @@ def test_remote_receivers_fetching_while_it_is_hashed_get_the_flipped_version(
         with ShmReader(shm_dir / "train", verify=True) as reader, reader.acquire() as snap:
             assert bytes(snap.buffer.numpy()) == dst.tobytes()
             assert_same(snap.views, expected)
+
+
+def test_readers_racing_a_resident_trainer_never_see_a_torn_or_mixed_version(
+    shm_dir: Path, helpers: list[Helper]
+) -> None:
+    flips, lockstep = 400, 30
+    state = filled_state_dict(1.0)
+    with WeightPublisher(PublisherConfig(shm_dir=shm_dir, chunk_bytes=4096)) as publisher:
+        publisher.send(state, version=1)
+        assert publisher.keep_resident(state)
+        helpers.extend(Helper("reader-loop", shm_dir, flips, lockstep) for _ in range(2))
+        for helper in helpers:
+            assert helper.read()["ready"]
+
+        def train_and_publish(version: int) -> None:
+            publisher.wait_writable()
+            for params in state.values():
+                for tensor in params.values():
+                    tensor.fill_(version)  # the step writes the next version in place, in the slot
+            publisher.send(state, version=version)
+            assert publisher.last_copied_before_flip == 0
+
+        for version in range(2, lockstep + 2):  # readers hold the newest while the next is trained
+            for helper in helpers:
+                helper.send({"pin": True})
+            for helper in helpers:
+                assert helper.read()["pinned"] == version - 1
+            train_and_publish(version)
+            for helper in helpers:
+                helper.send({"check": True})
+        for version in range(lockstep + 2, flips + 1):
+            train_and_publish(version)
+        results = [helper.read(timeout=120) for helper in helpers]
+        for helper in helpers:
+            assert helper.wait() == 0
+    for result in results:
+        assert result["problems"] == []
+        assert result["versions"] > lockstep
 
 
 def test_a_trainer_killed_while_training_in_the_slot_leaves_the_last_committed_version(

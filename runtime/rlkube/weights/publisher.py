@@ -150,6 +150,8 @@ class WeightPublisher:
         self._resident_lease: SlotLease | None = None
         self._moving: Future[None] | None = None
         self._mover = ThreadPoolExecutor(1, thread_name_prefix="weight-move")
+        #: Why zero-copy publishing was turned off for good (a failed move, another state dict).
+        self._zero_copy_off: str | None = None if config.zero_copy else "PublisherConfig.zero_copy is off"
         self._staging = PinnedStaging()  # parameters on a GPU (see rlkube.weights.staging)
         #: Bytes copied by the last send() before its flip (0 when the tensors are resident).
         self.last_copied_before_flip = 0
@@ -315,11 +317,12 @@ class WeightPublisher:
         Returns False, and nothing changes, where they cannot reside (the reason is logged):
         ``send()`` then copies as before. Call :meth:`wait_writable` before updating them.
         """
-        if not self.config.zero_copy or self._resident is not None:
+        if self._zero_copy_off is not None or self._resident is not None:
             return self._resident is not None
         reason = why_not_resident(tensors)
         if reason is not None:
             logger.info("weights are copied at each publish (not zero-copy): %s", reason)
+            self._zero_copy_off = reason
             return False
         self._resident = ResidentTensors(tensors)
         self._moving = self._mover.submit(self._move_resident)
@@ -350,14 +353,16 @@ class WeightPublisher:
             lease = self.writer.begin(
                 version=self._version + 1, incarnation=self.incarnation, layout=tensors.layout
             )
-        except BaseException:
+        except BaseException as exc:
             logger.exception("no slot for the trainer's tensors: publishing by copy from now on")
+            self._zero_copy_off = f"no slot for the trainer's tensors: {exc}"
             tensors.evict_()
             self._resident = None
             return
         try:
             tensors.move_into_(self._destinations_of(lease))
-        except BaseException:
+        except BaseException as exc:
+            self._zero_copy_off = f"moving the trainer's tensors failed: {exc}"
             tensors.evict_()
             self._resident = None
             self.writer.abort(lease)
@@ -374,6 +379,7 @@ class WeightPublisher:
             return None
         if lease.layout.digest != layout.digest or not aliases(state_dict, tensors.tensors):
             logger.warning("the published state dict is not the resident one: publishing by copy")
+            self._zero_copy_off = "a published state dict was not the resident tensors"
             self._release_resident()
             return None
         lease.version = number
