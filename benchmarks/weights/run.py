@@ -6,10 +6,13 @@ separate process; every measured version is checked by fingerprint (per-paramete
 every reader. Peers run in the same run: Ray's object store (numpy and torch payloads, loaded
 by copy as RLightning does; plus zero-copy numpy views, which RLightning does not do), gloo
 broadcast (per tensor into the parameters, or one flat buffer whose views are the
-parameters), a bare gRPC stream, and the memcpy bound (one copy in, one out per reader).
+parameters), a bare gRPC stream, one memcpy of the model (``memcpy-once``) and the memcpy
+bound (one copy in, one out per reader). In (a) ``rlkube`` is the zero-copy publish (the
+trainer's tensors live in the slot: a send flips) and ``rlkube-copy`` the same publisher
+packing every version, as it does for parameters on a GPU.
 
     rlkube bench weights [--quick] [--json PATH] [--sizes 10MB,100MB,1GB] [--readers 1,4,8]
-                         [--scenarios a,b] [--methods rlkube,ray,gloo,grpc-raw,memcpy-bound]
+                         [--scenarios a,b] [--methods rlkube,ray,gloo,grpc-raw,memcpy]
 
 Figures depend on the machine and on what else runs: the ratios, measured side by side in one
 run, are what to compare. Conditions (CPUs, load average) are printed and written with --json.
