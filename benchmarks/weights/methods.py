@@ -146,15 +146,26 @@ class Method:
 
 
 class Rlkube(Method):
-    """rlkube as built: a WeightPublisher on the trainer, EvalWeightPlanes in the readers."""
+    """rlkube as built: a WeightPublisher on the trainer, EvalWeightPlanes in the readers.
+
+    As the trainer does it, the state dict's tensors are kept resident in the back slot after
+    the first version (``keep_resident``): a send only flips; the copy into the next slot runs
+    after the flip, and ``measure`` waits for it (as the next train step would) before the
+    next ``advance_``. ``zero_copy=False`` (``rlkube-copy``) packs every version, as before.
+    """
 
     kind = "rlkube"
 
-    def __init__(self, scenario: str, strategy: str = "Shared", streams: int = 1) -> None:
+    def __init__(
+        self, scenario: str, strategy: str = "Shared", streams: int = 1, *, zero_copy: bool = True
+    ) -> None:
         self.scenario = scenario
         self.strategy = strategy
         self.streams = streams
+        self.zero_copy = zero_copy
         self.name = "rlkube" if strategy == "Shared" else f"rlkube-{strategy.lower()}x{streams}"
+        if not zero_copy:
+            self.name += "-copy"
 
     def setup(self, spec: Spec, state_dict: StateDict) -> None:
         self.root = SHM_ROOT / f"rlkube-bench-{os.getpid()}"
@@ -193,12 +204,23 @@ class Rlkube(Method):
         t0 = time.perf_counter()
         self.publisher.send(state_dict, version=version)
         sent = time.perf_counter()
+        copied = self.publisher.last_copied_before_flip
         loaded = self.readers.loaded()
+        self.publisher.wait_writable()  # the next train step would wait for this
+        writable = time.perf_counter()
+        if self.zero_copy and not self.publisher.resident:
+            self.publisher.keep_resident(state_dict)  # after the first version, as the trainer does
+            self.publisher.wait_writable()
         return Result(
             max(loaded) - t0,
             self.readers.fingerprints(),
             net_bytes=self.publisher.board.stats.bytes - served,
-            extra={"send_s": sent - t0, "first_reader_s": min(loaded) - t0},
+            extra={
+                "send_s": sent - t0,
+                "first_reader_s": min(loaded) - t0,
+                "writable_s": writable - t0,
+                "copied_before_flip": copied,
+            },
         )
 
     def stats(self) -> dict[str, Any]:
@@ -384,6 +406,28 @@ class RawGrpc(Method):
         self.server.stop(0).wait()
 
 
+class MemcpyOnce(Method):
+    """One copy of the model's flat bytes into warm memory: the cost a publish by copy cannot beat."""
+
+    checks_fingerprint = False
+
+    def __init__(self, scenario: str) -> None:
+        self.scenario = scenario
+        self.name = "memcpy-once"
+
+    def setup(self, spec: Spec, state_dict: StateDict) -> None:
+        total = sum(t.numel() * t.element_size() for p in state_dict.values() for t in p.values())
+        self.src, self.dst = (np.ones(total, dtype=np.uint8) for _ in range(2))
+
+    def measure(self, version: int, state_dict: StateDict) -> Result:
+        t0 = time.perf_counter()
+        np.copyto(self.dst, self.src)
+        return Result(time.perf_counter() - t0)
+
+    def teardown(self) -> None:
+        del self.src, self.dst
+
+
 class Memcpy(Method):
     """The copy bound: one copy of the flat bytes in, one copy out per reader (one process, warm memory)."""
 
@@ -413,11 +457,13 @@ def methods_for(scenario: str, names: list[str]) -> list[Method]:
     if scenario == "a":
         every: list[Method] = [
             Rlkube("a"),
+            Rlkube("a", zero_copy=False),
             Ray("a", "numpy"),
             Ray("a", "torch"),
             Ray("a", "numpy-views"),
             Gloo("a", "per-tensor"),
             Gloo("a", "flat"),
+            MemcpyOnce("a"),
             Memcpy("a"),
         ]
     else:

@@ -196,7 +196,25 @@ def packing_publisher(directory: str) -> None:
     publisher.send(filled_state_dict(2.0), version=2)
 
 
+def resident_trainer(directory: str) -> None:
+    """A trainer that publishes version 1, keeps its tensors resident and trains in the other slot
+    (prints ``{"training": true}``) until it is killed, without publishing again."""
+    from rlkube.weights.publisher import PublisherConfig, WeightPublisher
+
+    publisher = WeightPublisher(PublisherConfig(shm_dir=Path(directory), incarnation="inc")).connect()
+    state = filled_state_dict(1.0)
+    publisher.send(state, version=1)
+    assert publisher.keep_resident(state)
+    publisher.wait_writable()
+    for params in state.values():
+        for tensor in params.values():
+            tensor.add_(1)  # training, in the slot that is not latest
+    say(training=True)
+    sys.stdin.readline()
+
+
 ROLES = {
+    "resident-trainer": resident_trainer,
     "packing-publisher": packing_publisher,
     "checking-pinner": checking_pinner,
     "reader-loop": reader_loop,

@@ -33,9 +33,10 @@ from rlkube.engine.ranks import Command, Op, RankChannel
 from rlkube.engine.report import EpochRecord, RunObserver, RunSummary, notify
 from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.tracker import RunTracker
-from rlkube.policy.base import BasePolicy
+from rlkube.policy.base import BasePolicy, unwrap
 from rlkube.spec import BufferType, Engine, RLJob, WeightStrategy
 from rlkube.weights.layout import StateDict
+from rlkube.weights.resident import aliases
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,14 @@ class Publisher(Protocol):
         version: int | None = None,
         fingerprint: Mapping[str, float] | None = None,
     ) -> int: ...
+
+    def keep_resident(self, tensors: StateDict) -> bool:
+        """Keep the trainer's own tensors where a publish reads them (zero-copy); False: it copies."""
+        ...
+
+    def wait_writable(self) -> None:
+        """Block until the trainer may update its tensors again (after a zero-copy publish)."""
+        ...
 
 
 class Stopped(Exception):
@@ -102,7 +111,25 @@ def train_step(ctx: TrainContext, shard: TensorDict) -> dict[str, float]:
         ctx.replay.extend(shard)
         shard = ctx.replay.sample(ctx.job.spec.train.steps_per_epoch // ctx.world_size)
     policy.update_dataset(shard)
+    if ctx.publisher is not None:  # a zero-copy publish may still be moving them off the flipped slot
+        ctx.publisher.wait_writable()
     return {**numbers_of(policy.train()), **policy.pop_metrics()}
+
+
+def own_tensors(policy: BasePolicy) -> StateDict:
+    """The tensors the policy trains, the objects themselves: what a zero-copy publish keeps in shm."""
+    return {name: unwrap(model).state_dict(keep_vars=True) for name, model in policy.model_list}
+
+
+def keep_resident(publisher: Publisher, policy: BasePolicy) -> None:
+    """After the first publish: let the publisher keep the policy's tensors in its slot.
+
+    Only where ``get_trainable_parameters`` hands out those very tensors (BasePolicy's does; a
+    policy that returns copies is published by copy, as before).
+    """
+    tensors = own_tensors(policy)
+    if aliases(policy.get_trainable_parameters(), tensors):
+        publisher.keep_resident(tensors)
 
 
 def numbers_of(returned: object) -> dict[str, float]:
@@ -128,6 +155,7 @@ def publish_followers(ctx: TrainContext, version: int) -> None:
     """Every rank but 0: commit this rank's copy of ``version`` (Sharded), then meet rank 0."""
     if ctx.sharded and ctx.publisher is not None:
         ctx.publisher.send(ctx.policy.get_trainable_parameters(), version=version)
+        keep_resident(ctx.publisher, ctx.policy)
     if ctx.sharded:
         ctx.channel.barrier()
 
@@ -219,6 +247,7 @@ class RankZeroEngine:
         self.coordinator.published(
             version=version, fingerprint=fingerprint, incarnation=self.publisher.incarnation
         )
+        keep_resident(self.publisher, self.ctx.policy)  # once: later sends only flip
 
     # ------------------------------------------------------------------ waiting
     def wait_batch(self, what: str, *, step: int | None = None) -> Any:

@@ -5,15 +5,20 @@ Reading this module is how to count the copies a version costs end to end:
 ========================  ==========================================  =====================
 function                  where                                       copies per version
 ========================  ==========================================  =====================
-copy_tensor_into_slot     trainer: state dict -> its node's shm slot  1 (per tensor)
+copy_device_into_staging  trainer, GPU: device -> pinned host buffer  1 (per tensor), side stream
+copy_tensor_into_slot     trainer: state dict -> its node's shm slot  1 (per tensor), 0 resident
 copy_piece_into_slot      the same, streaming: per tensor and chunk   (instead of the row above)
+copy_resident_into_slot   trainer, after the flip: slot -> next slot  1, off the critical path
 copy_slot_into_message    weight server: slot -> gRPC message         1 per fetching node
 copy_message_into_slot    node receiver: gRPC message -> slot         1 per node
 copy_slot_into_shadow     eval, copy mode only (accelerators)         1 per eval policy
 copy_buffer_into_params   eval, strategy None only                    1 per eval policy
 ========================  ==========================================  =====================
 
-Eval policies in view mode copy nothing: their parameters become views of the slot.
+Eval policies in view mode copy nothing: their parameters become views of the slot. A
+trainer whose tensors are *resident* (they are views of the slot being written, see
+:mod:`rlkube.weights.resident`) copies nothing before the flip either: :func:`in_place` tells
+the two copies above that the source already is the destination, and they return at once.
 (gRPC itself copies once more on each side, between its slices and Python ``bytes``; the raw
 gRPC stream in ``rlkube bench weights`` pays the same.) ``checksum_*`` are full passes over
 the bytes, not copies, and are counted the same way.
@@ -63,6 +68,19 @@ def _raw_bytes(tensor: torch.Tensor) -> np.ndarray:
     return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
+def in_place(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether ``src`` already is ``dst``'s memory (a resident tensor): nothing to copy."""
+    return (
+        src.numel() > 0
+        and src.device == dst.device
+        and src.dtype == dst.dtype
+        and src.shape == dst.shape
+        and src.data_ptr() == dst.data_ptr()
+        and src.is_contiguous()
+        and not (src.is_conj() or src.is_neg())
+    )
+
+
 def copy_tensor_into_slot(dst: torch.Tensor, src: torch.Tensor, dst_bytes: np.ndarray | None = None) -> None:
     """Trainer: one parameter (any device) into its place ``dst`` in the shm slot.
 
@@ -72,6 +90,8 @@ def copy_tensor_into_slot(dst: torch.Tensor, src: torch.Tensor, dst_bytes: np.nd
     waiting on each other) than a plain memcpy.
     """
     src = src.detach()
+    if in_place(dst, src):
+        return
     if src.device.type == "cpu" and src.is_contiguous() and not (src.is_conj() or src.is_neg()):
         np.copyto(_raw_bytes(dst) if dst_bytes is None else dst_bytes, _raw_bytes(src))
     else:
@@ -86,6 +106,13 @@ def copy_piece_into_slot(dst_bytes: np.ndarray, src: torch.Tensor, start: int, s
     can be hashed and served before the rest is packed.
     """
     src = src.detach()
+    if (
+        src.device.type == "cpu"
+        and src.is_contiguous()
+        and src.data_ptr() + start == dst_bytes.ctypes.data
+        and not (src.is_conj() or src.is_neg())
+    ):
+        return  # resident: these bytes already are the slot's
     if src.device.type == "cpu" and src.is_contiguous() and not (src.is_conj() or src.is_neg()):
         np.copyto(dst_bytes, _raw_bytes(src)[start:stop])
     else:
@@ -93,6 +120,26 @@ def copy_piece_into_slot(dst_bytes: np.ndarray, src: torch.Tensor, start: int, s
             src.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)[start:stop]
         )
     COPIES.add("copy_piece_into_slot", stop - start)
+
+
+def copy_device_into_staging(dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool) -> None:
+    """Trainer, parameters on an accelerator: one tensor into its place in the pinned staging buffer.
+
+    With ``non_blocking`` (CUDA, pinned ``dst``) the copy is queued on the caller's stream and
+    returns at once; :class:`rlkube.weights.staging.PinnedStaging` waits for it.
+    """
+    dst.copy_(src.detach(), non_blocking=non_blocking)
+    COPIES.add("copy_device_into_staging", dst.numel() * dst.element_size())
+
+
+def copy_resident_into_slot(dst_bytes: np.ndarray, src: torch.Tensor) -> None:
+    """Trainer, after a zero-copy flip: one resident tensor into its place in the next slot.
+
+    Runs while rollouts run (see :mod:`rlkube.weights.resident`), never between "train step
+    done" and "local readers have it". ``src`` is a contiguous CPU view of the committed slot.
+    """
+    np.copyto(dst_bytes, _raw_bytes(src.detach()))
+    COPIES.add("copy_resident_into_slot", dst_bytes.nbytes)
 
 
 def copy_slot_into_message(prefix: bytes, data: memoryview, suffix: bytes) -> bytes:

@@ -57,6 +57,13 @@ class InProcessPublisher:
             self._cond.notify_all()
         return number
 
+    def keep_resident(self, tensors: StateDict) -> bool:
+        """In process each version is a clone (the eval policy loads it later): nothing resides."""
+        return False
+
+    def wait_writable(self) -> None:
+        """Nothing moves in process: the trainer may always update its tensors."""
+
     def wait_latest(
         self, *, newer_than: WeightKey | None, timeout: float
     ) -> tuple[WeightKey, Snapshot] | None:

@@ -12,6 +12,13 @@ alongside the packing; the version is committed (and its root sent to those fetc
 end, or aborted if packing fails (see :mod:`rlkube.weights.service`). Every train rank can run
 one: ranks hold identical weights after a DDP step, so a Sharded receiver fetches ranges from
 all of them (``config.peers``).
+
+Zero-copy publish: after :meth:`WeightPublisher.keep_resident` the trainer's own tensors live
+in the back slot (see :mod:`rlkube.weights.resident`), so ``send()`` of a state dict that
+aliases them copies nothing before the flip: it commits the slot the trainer trained in and
+wakes local readers, then moves the tensors into the other slot in the background while
+rollouts run. :meth:`WeightPublisher.wait_writable` waits for that move; the trainer calls it
+before its next update. Tensors that cannot reside (on a GPU, tied) are copied as before.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +44,7 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
 from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import (
+    COPIES,
     checksum,
     chunk_digests,
     copy_piece_into_slot,
@@ -53,9 +61,11 @@ from rlkube.weights.layout import (
     pack_into_,
 )
 from rlkube.weights.locks import FileLock, describe_pids, lock_holders
+from rlkube.weights.resident import ResidentTensors, aliases, why_not_resident
 from rlkube.weights.service import PackingVersion, VersionBoard, serve_weight_store
-from rlkube.weights.shm import PinnedSlot, ShmWriter
+from rlkube.weights.shm import PinnedSlot, ShmWriter, SlotLease
 from rlkube.weights.shm_files import TRAINER_LOCK, WRITER_LOCK, attach, detach
+from rlkube.weights.staging import PinnedStaging, on_accelerator
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -89,6 +99,9 @@ class PublisherConfig:
     takeover_timeout: float = 30.0
     #: Threads copying the state dict into the slot (numpy releases the GIL; 1 turns it off).
     pack_threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+
+    #: Let keep_resident() put the trainer's tensors in the back slot (zero-copy publish).
+    zero_copy: bool = True
 
     @classmethod
     def from_spec(
@@ -131,6 +144,17 @@ class WeightPublisher:
         #: Called by a pack thread before it packs chunk k of n, as ``pack_gate(k, n)``, when a
         #: version streams while packing (tests hold packing with it); None: nothing.
         self.pack_gate: Callable[[int, int], None] | None = None
+        #: The trainer's tensors when they live in a slot (zero-copy publish), their WRITING
+        #: lease between a move and the next send, and the move running after a flip.
+        self._resident: ResidentTensors | None = None
+        self._resident_lease: SlotLease | None = None
+        self._moving: Future[None] | None = None
+        self._mover = ThreadPoolExecutor(1, thread_name_prefix="weight-move")
+        #: Why zero-copy publishing was turned off for good (a failed move, another state dict).
+        self._zero_copy_off: str | None = None if config.zero_copy else "PublisherConfig.zero_copy is off"
+        self._staging = PinnedStaging()  # parameters on a GPU (see rlkube.weights.staging)
+        #: Bytes copied by the last send() before its flip (0 when the tensors are resident).
+        self.last_copied_before_flip = 0
 
     def connect(self) -> WeightPublisher:
         """Become the writer of ``shm_dir`` (taking it over from an eval receiver) and start serving."""
@@ -165,6 +189,8 @@ class WeightPublisher:
         return f"127.0.0.1:{self.port}" if self.port else None
 
     def close(self) -> None:
+        self._release_resident()
+        self._mover.shutdown(wait=True)
         self.board.close()
         self._pool.shutdown(wait=True)
         if self._server is not None:
@@ -209,6 +235,11 @@ class WeightPublisher:
         new files; that reader keeps its unchanged older copy), so a hung reader never fails this.
         """
         number = self._version + 1 if version is None else int(version)
+        copied = _copied_into_slots()
+        if on_accelerator(state_dict):  # device -> pinned host (side stream), then the slot below
+            state_dict = self._staging.snapshot_(state_dict)
+            self._staging.fence_()
+            self._staging.wait()
         layout = layout_of(state_dict)  # from this very state dict: validates it, so no second check
         started = time.perf_counter()
         grid = self.config.chunk_bytes
@@ -222,25 +253,26 @@ class WeightPublisher:
             fingerprint=dict(fingerprint or {}),
             chunk_bytes=grid,
         )
-        lease = self.writer.begin(version=number, incarnation=self.incarnation, layout=layout)
+        lease = self._resident_lease_for(state_dict, layout, number)
+        resident = lease is not None
+        if lease is None:
+            lease = self.writer.begin(version=number, incarnation=self.incarnation, layout=layout)
         packing: PackingVersion | None = None
         try:
-            key = (lease.index, lease.array.ctypes.data, layout.digest)
-            if key not in self._destinations:
-                self._destinations = {k: v for k, v in self._destinations.items() if k[0] != lease.index}
-                self._destinations[key] = destinations_of(lease.tensor, layout)
+            destinations = self._destinations_of(lease)
             if self.board.wants_streaming():
                 announcement.published_at = time.time()
                 packing = self.board.open(announcement, layout, lease.array.data)
-                destinations = self._destinations[key]
                 digests = self._pack_streaming(state_dict, layout, destinations, lease.array, packing)
             else:
-                self._pack(state_dict, layout, self._destinations[key])
+                self._pack(state_dict, layout, destinations)
         except BaseException:
             if packing is not None:
                 self.board.abort(packing)
-            self.writer.abort(lease)
+            if not resident:  # a resident lease stays WRITING: the trainer's tensors live in it
+                self.writer.abort(lease)
             raise
+        self.last_copied_before_flip = _copied_into_slots() - copied
         pinned: PinnedSlot | None = None
         if packing is not None:
             # Every chunk is hashed already: commit with the checksum; the pin covers the fetches
@@ -260,6 +292,9 @@ class WeightPublisher:
             total = hash_list_root(digests)
             self.writer.record_checksum(lease.index, WeightKey(self.incarnation, number), total)
         self._version = number
+        if resident:  # the trainer must not write the slot readers now read: move off it
+            self._resident_lease = None
+            self._moving = self._mover.submit(self._move_resident)
         committed = pb.WeightVersion()
         committed.CopyFrom(announcement)
         committed.checksum, committed.published_at = total, meta.published_at
@@ -272,6 +307,102 @@ class WeightPublisher:
             1e3 * (time.perf_counter() - started),
         )
         return number
+
+    # ------------------------------------------------------------------ zero-copy publish
+    def keep_resident(self, tensors: StateDict) -> bool:
+        """Keep the trainer's own tensors (the objects it trains, e.g. ``state_dict(keep_vars=True)``
+        of its models) in this node's back slot, so that ``send()`` of a state dict aliasing them
+        copies nothing before the flip. The first move runs in the background (one copy).
+
+        Returns False, and nothing changes, where they cannot reside (the reason is logged):
+        ``send()`` then copies as before. Call :meth:`wait_writable` before updating them.
+        """
+        if self._zero_copy_off is not None or self._resident is not None:
+            return self._resident is not None
+        reason = why_not_resident(tensors)
+        if reason is not None:
+            logger.info("weights are copied at each publish (not zero-copy): %s", reason)
+            self._zero_copy_off = reason
+            return False
+        self._resident = ResidentTensors(tensors)
+        self._moving = self._mover.submit(self._move_resident)
+        logger.info(
+            "zero-copy publish: the trainer's %d tensors (%d bytes) now live in %s",
+            len(self._resident.layout.entries),
+            self._resident.layout.total_bytes,
+            self.config.shm_dir,
+        )
+        return True
+
+    @property
+    def resident(self) -> bool:
+        """Whether the trainer's tensors live in a slot (zero-copy publish)."""
+        return self._resident is not None
+
+    def wait_writable(self) -> None:
+        """Return once the trainer may update its tensors: a move after a flip is done."""
+        moving, self._moving = self._moving, None
+        if moving is not None:
+            moving.result()
+
+    def _move_resident(self) -> None:
+        """Take the back slot and move the resident tensors into it (the trainer waits for this)."""
+        tensors = self._resident
+        assert tensors is not None
+        try:
+            lease = self.writer.begin(
+                version=self._version + 1, incarnation=self.incarnation, layout=tensors.layout
+            )
+        except BaseException as exc:
+            logger.exception("no slot for the trainer's tensors: publishing by copy from now on")
+            self._zero_copy_off = f"no slot for the trainer's tensors: {exc}"
+            tensors.evict_()
+            self._resident = None
+            return
+        try:
+            tensors.move_into_(self._destinations_of(lease))
+        except BaseException as exc:
+            self._zero_copy_off = f"moving the trainer's tensors failed: {exc}"
+            tensors.evict_()
+            self._resident = None
+            self.writer.abort(lease)
+            raise
+        self._resident_lease = lease
+
+    def _resident_lease_for(
+        self, state_dict: StateDict, layout: WeightLayout, number: int
+    ) -> SlotLease | None:
+        """The lease the trainer's tensors live in, if ``state_dict`` is them; else None (copy)."""
+        self.wait_writable()
+        lease, tensors = self._resident_lease, self._resident
+        if lease is None or tensors is None:
+            return None
+        if lease.layout.digest != layout.digest or not aliases(state_dict, tensors.tensors):
+            logger.warning("the published state dict is not the resident one: publishing by copy")
+            self._zero_copy_off = "a published state dict was not the resident tensors"
+            self._release_resident()
+            return None
+        lease.version = number
+        return lease
+
+    def _release_resident(self) -> None:
+        """Give the trainer's tensors private memory again and hand their slot back."""
+        try:
+            self.wait_writable()
+        finally:
+            if self._resident is not None:
+                self._resident.evict_()
+                self._resident = None
+            if self._resident_lease is not None:
+                self.writer.abort(self._resident_lease)
+                self._resident_lease = None
+
+    def _destinations_of(self, lease: SlotLease) -> Destinations:
+        key = (lease.index, lease.array.ctypes.data, lease.layout.digest)
+        if key not in self._destinations:
+            self._destinations = {k: v for k, v in self._destinations.items() if k[0] != lease.index}
+            self._destinations[key] = destinations_of(lease.tensor, lease.layout)
+        return self._destinations[key]
 
     def _digests(self, data: np.ndarray, grid: int) -> list[int]:
         """The chunk digests of ``data``: contiguous runs of chunks hashed on the pack threads (xxhash
@@ -342,6 +473,13 @@ class WeightPublisher:
             jobs = [self._pool.submit(_copy_group, destinations[lo:hi], tensors[lo:hi]) for lo, hi in groups]
             for job in jobs:
                 job.result()
+
+
+def _copied_into_slots() -> int:
+    """Bytes this process copied from state dicts towards slots so far (see rlkube.weights.copies)."""
+    counted = COPIES.snapshot()
+    names = ("copy_device_into_staging", "copy_tensor_into_slot", "copy_piece_into_slot")
+    return sum(counted.get(name, (0, 0))[1] for name in names)
 
 
 def _copy_group(destinations: Destinations, tensors: list[torch.Tensor]) -> None:
