@@ -110,9 +110,11 @@ def train_step(ctx: TrainContext, shard: TensorDict) -> dict[str, float]:
     if ctx.replay is not None:
         ctx.replay.extend(shard)
         shard = ctx.replay.sample(ctx.job.spec.train.steps_per_epoch // ctx.world_size)
-    policy.update_dataset(shard)
-    if ctx.publisher is not None:  # a zero-copy publish may still be moving them off the flipped slot
+    # A zero-copy publish may still be moving the tensors off the flipped slot: wait before any
+    # policy code runs (a user's update_dataset may update buffers such as running statistics).
+    if ctx.publisher is not None:
         ctx.publisher.wait_writable()
+    policy.update_dataset(shard)
     return {**numbers_of(policy.train()), **policy.pop_metrics()}
 
 
