@@ -371,6 +371,15 @@ class Reconciler:
         if job is None:
             return invalid or Outcome()
         previous = previous_status(job.status, generation=_generation(_plain(body)))
+        ttl = job.spec.run_policy.ttl_seconds_after_finished
+        if previous.phase.is_terminal() and run_policy.is_due(
+            parse_time(previous.completion_time), ttl, now or self.clock()
+        ):
+            # Finished before and its TTL ran out: delete now, without observing what is about
+            # to go (the children follow by garbage collection), so the deletion is on time.
+            outcome = Outcome(phase=previous.phase)
+            self._delete_expired(job, ttl, outcome)
+            return outcome
         children = self.observe(job)
         report = None
         if children.train.exists and not self._stopped(job):
@@ -398,19 +407,21 @@ class Reconciler:
             outcome.events.append(
                 Event("Normal", EventReason.SCALED_DOWN, f"cleanPodPolicy {policy}: scaled to zero")
             )
-        ttl = job.spec.run_policy.ttl_seconds_after_finished
         finished_at = parse_time(derived.status.get("completionTime"))
-        expired = run_policy.is_due(finished_at, ttl, now)
-        if derived.phase.is_terminal() and expired:
-            outcome.events.append(
-                Event("Normal", EventReason.TTL_EXPIRED, f"deleting: finished more than {ttl}s ago")
-            )
-            try:
-                self.kube.delete(job.api_version, job.kind, job.namespace, job.name)
-            except ApiError as exc:
-                raise ReconcileError(f"TTL deletion failed: {exc}", retryable=exc.retryable) from exc
-            outcome.deleted = True
+        if derived.phase.is_terminal() and run_policy.is_due(finished_at, ttl, now):
+            self._delete_expired(job, ttl, outcome)
         return outcome
+
+    def _delete_expired(self, job: RLJob, ttl: int | None, outcome: Outcome) -> None:
+        """Delete a finished job whose ``ttlSecondsAfterFinished`` ran out (recorded in ``outcome``)."""
+        outcome.events.append(
+            Event("Normal", EventReason.TTL_EXPIRED, f"deleting: finished more than {ttl}s ago")
+        )
+        try:
+            self.kube.delete(job.api_version, job.kind, job.namespace, job.name)
+        except ApiError as exc:
+            raise ReconcileError(f"TTL deletion failed: {exc}", retryable=exc.retryable) from exc
+        outcome.deleted = True
 
 
 def _pod_rank(metadata: Mapping[str, Any]) -> int:
