@@ -40,7 +40,7 @@ def fragments_sent(run: LocalRun, pod: str) -> float:
     try:
         return scrape(metrics_url(run, pod)).get(("rlkube_eval_fragments_total", ()), 0.0)
     except (OSError, KeyError):
-        return 0.0  # not registered or not serving yet
+        return 0.0  # not in cluster.json (KeyError) or not serving (OSError) yet
 
 
 def wait_for_fragments(run: LocalRun, pods: tuple[str, ...], *, timeout: float) -> None:

@@ -81,6 +81,8 @@ class TrainContext:
     clock: Callable[[], float] = time.monotonic
     #: buffer.type replay: this rank's own ring of transitions (each rank samples its share)
     replay: ReplayBuffer | None = None
+    #: Whether the publisher was offered the policy's tensors (once, after the first publish).
+    residency_offered: bool = False
 
     def __post_init__(self) -> None:
         spec = self.job.spec
@@ -134,6 +136,13 @@ def keep_resident(publisher: Publisher, policy: BasePolicy) -> None:
         publisher.keep_resident(tensors)
 
 
+def offer_residency(ctx: TrainContext) -> None:
+    """:func:`keep_resident` once per process, after its first publish (later sends only flip)."""
+    if ctx.publisher is not None and not ctx.residency_offered:
+        ctx.residency_offered = True
+        keep_resident(ctx.publisher, ctx.policy)
+
+
 def numbers_of(returned: object) -> dict[str, float]:
     """The numeric entries of what ``train()`` returned (RLightning policies return a dict or None). Pure."""
     if not isinstance(returned, dict):
@@ -157,7 +166,7 @@ def publish_followers(ctx: TrainContext, version: int) -> None:
     """Every rank but 0: commit this rank's copy of ``version`` (Sharded), then meet rank 0."""
     if ctx.sharded and ctx.publisher is not None:
         ctx.publisher.send(ctx.policy.get_trainable_parameters(), version=version)
-        keep_resident(ctx.publisher, ctx.policy)
+        offer_residency(ctx)
     if ctx.sharded:
         ctx.channel.barrier()
 
@@ -249,7 +258,7 @@ class RankZeroEngine:
         self.coordinator.published(
             version=version, fingerprint=fingerprint, incarnation=self.publisher.incarnation
         )
-        keep_resident(self.publisher, self.ctx.policy)  # once: later sends only flip
+        offer_residency(self.ctx)
 
     # ------------------------------------------------------------------ waiting
     def wait_batch(self, what: str, *, step: int | None = None) -> Any:
