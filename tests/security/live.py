@@ -8,7 +8,7 @@ rank 0 does; the honest worker registers, leases and pushes well-formed fragment
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -99,8 +99,14 @@ class LiveJob:
         thread.start()
         return thread
 
-    def honest_worker(self, pod: str = "cartpole-eval-0") -> tuple[threading.Thread, list[str]]:
-        """Leases and pushes well-formed fragments until the job says STOP; the acked task ids."""
+    def honest_worker(
+        self, pod: str = "cartpole-eval-0", before_push: Callable[[pb.Task], None] | None = None
+    ) -> tuple[threading.Thread, list[str]]:
+        """Leases and pushes well-formed fragments until the job says STOP; the acked task ids.
+
+        `before_push` runs while the worker holds each lease, so a test can act on a lease that
+        is certainly still open.
+        """
         acked: list[str] = []
 
         def loop() -> None:
@@ -111,6 +117,8 @@ class LiveJob:
                     if task.kind == pb.Task.STOP:
                         return
                     if task.kind == pb.Task.COLLECT:
+                        if before_push is not None:
+                            before_push(task)
                         ack = client.push(push_message(task, worker_id), retry_for=5.0)
                         if ack.accepted and not ack.duplicate:
                             acked.append(task.task_id)
