@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +169,38 @@ def test_a_failing_eval_worker_ends_the_run_with_its_own_error(tmp_path: Path) -
     with pytest.raises(ValueError, match="rollout_step is broken"):
         run(tiny_job(maxEpochs=2), tmp_path, BrokenRolloutPPO)
     assert not (tmp_path / "checkpoints" / "COMPLETE.json").exists()
+
+
+def test_eval_workers_are_told_to_stop_before_the_observers_finish(tmp_path: Path) -> None:
+    # Plots and summaries are drawn after the job is over: eval workers must not wait for them
+    # (on a cluster the launcher and the operator stop them once the job is complete).
+    told_to_stop = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "the job is finished" in record.getMessage():
+                told_to_stop.set()
+
+    class SlowObserver:
+        stopped_first: bool | None = None
+
+        def on_start(self, start: object) -> None: ...
+
+        def on_epoch(self, record: object) -> None: ...
+
+        def on_finish(self, summary: object) -> None:
+            SlowObserver.stopped_first = told_to_stop.wait(30.0)
+
+    watcher = Watch(logging.INFO)
+    worker_log = logging.getLogger("rlkube.engine.worker")
+    previous_level = worker_log.level
+    worker_log.addHandler(watcher)
+    worker_log.setLevel(logging.INFO)
+    try:
+        InProcessRun(
+            tiny_job(maxEpochs=1), PPO, paths=RunPaths(tmp_path).create(), observers=[SlowObserver()]
+        ).run()
+    finally:
+        worker_log.removeHandler(watcher)
+        worker_log.setLevel(previous_level)
+    assert SlowObserver.stopped_first is True

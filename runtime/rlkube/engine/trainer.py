@@ -470,6 +470,8 @@ class RankZeroEngine:
             }
         )
         self.store.mark_complete(summary.to_json())
-        notify(self.ctx.observers, "on_finish", summary)
+        # Leases answer STOP from here: eval workers idle before the launcher or the operator
+        # stops them, instead of waiting out a long poll while observers draw their plots.
         self.coordinator.finish(phase=CoordinatorPhase.COMPLETE, message=f"finished: {stop_reason}")
+        notify(self.ctx.observers, "on_finish", summary)
         return summary

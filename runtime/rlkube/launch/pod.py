@@ -18,6 +18,7 @@ that ``rlkube validate`` and ``rlkube run`` make.
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import logging
 import os
@@ -94,6 +95,18 @@ def main(args: argparse.Namespace | None = None) -> int:
         return EXIT_FAILED
     finally:
         POD.close()
+        skip_final_collection()
+
+
+def skip_final_collection() -> None:
+    """Exclude every object alive now from the collections the interpreter runs as it exits.
+
+    With torch, grpc and gymnasium loaded, those collections walk millions of objects that the
+    process is about to drop anyway: measured ~4 s of an eval worker's exit on 2 busy cores,
+    which every stop of a run waited for before it signalled the train ranks. Threads are still
+    joined and atexit handlers still run; only the cyclic garbage is left to the OS.
+    """
+    gc.freeze()
 
 
 def crash_reason(exc: BaseException, policy_cls: type) -> FailureReason:
