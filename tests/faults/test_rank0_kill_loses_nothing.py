@@ -13,14 +13,20 @@ from tests.runtime.slow_env import ENV_ID as SLOW_ENV
 
 pytestmark = pytest.mark.slow
 
+# The handshake that puts the kill mid-run however fast the machine (a quiet one trains 12 epochs
+# in a few seconds, faster than a status poll can be sure to see one): every env holds after 208
+# steps until the test releases it. Fragments are 16 steps of a worker's 4 envs and an epoch is
+# 4 fragments, so each of the 2 workers stops after 11-13 fragments (measured: a little over 16
+# env steps per fragment): the run holds at epoch 5 or 6, past the checkpoint of epoch 4 and
+# before that of epoch 8.
+HELD_MID_RUN = {"hold_after_steps": 208}
+
 
 def test_no_acknowledged_fragment_is_lost_or_collected_twice_over_a_rank_0_kill(
     local_run, tmp_path: Path
 ) -> None:
     epochs = 12
-    # The env's hold file is the handshake: while it exists rollouts wait, so the kill lands mid-run
-    # however fast the machine (a quiet one trains these 12 epochs in a few seconds).
-    hold = tmp_path / "hold"
+    release = tmp_path / "release"
     job = write_job(
         tmp_path,
         train__maxEpochs=epochs,
@@ -28,18 +34,15 @@ def test_no_acknowledged_fragment_is_lost_or_collected_twice_over_a_rank_0_kill(
         runPolicy__backoffLimit=2,
         env__id=SLOW_ENV,
         env__imports=["tests.runtime.slow_env"],
-        env__kwargs={"hold_file": str(hold)},
+        env__kwargs=HELD_MID_RUN | {"release_file": str(release)},
     )
     run = LocalRun(job, tmp_path / "run")
     local_run.append(run)
     # Past the checkpoint of epoch 4, with trained and acknowledged fragments it does not hold.
-    run.wait_until(lambda s: s.epoch >= 6, timeout=300, what="epoch 6")
-    hold.touch()
-    held = run.status()
-    assert held is not None
-    assert held.epoch < epochs
+    held = run.wait_until(lambda s: s.epoch >= 5, timeout=300, what="epoch 5")
+    assert held.epoch < 8  # the envs hold before the next checkpoint
     os.kill(run.pid_of("small-train-0"), signal.SIGKILL)
-    hold.unlink()
+    release.touch()
     assert run.wait(timeout=400) == 0, run.output[1]
     summary = run.summary()
     per_epoch = 256 // (4 * 16)  # stepsPerEpoch / (numEnvs * fragmentLength)
@@ -55,7 +58,7 @@ def test_the_async_engine_loses_no_acknowledged_fragment_over_a_rank_0_kill(
     local_run, tmp_path: Path
 ) -> None:
     steps = 12
-    hold = tmp_path / "hold"  # the handshake, as above: rollouts wait while it exists
+    release = tmp_path / "release"  # the handshake, as above
     job = write_job(
         tmp_path,
         engine="async",
@@ -65,17 +68,14 @@ def test_the_async_engine_loses_no_acknowledged_fragment_over_a_rank_0_kill(
         runPolicy__backoffLimit=2,
         env__id=SLOW_ENV,
         env__imports=["tests.runtime.slow_env"],
-        env__kwargs={"hold_file": str(hold)},
+        env__kwargs=HELD_MID_RUN | {"release_file": str(release)},
     )
     run = LocalRun(job, tmp_path / "run")
     local_run.append(run)
-    run.wait_until(lambda s: s.epoch >= 6, timeout=300, what="step 6")  # past the checkpoint of step 4
-    hold.touch()
-    held = run.status()
-    assert held is not None
-    assert held.epoch < steps
+    held = run.wait_until(lambda s: s.epoch >= 5, timeout=300, what="step 5")  # past the checkpoint of step 4
+    assert held.epoch < 8
     os.kill(run.pid_of("small-train-0"), signal.SIGKILL)
-    hold.unlink()
+    release.touch()
     assert run.wait(timeout=400) == 0, run.output[1]
     summary = run.summary()
     per_step = 256 // (4 * 16)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +46,32 @@ def records(path: Path) -> list[bytes]:
     return out
 
 
-def history(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows the run logged (``run.log``), in order, keyed by metric name."""
+def history(run_dir: Path, *, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """The rows the run logged (``run.log``), in order, keyed by metric name.
+
+    Read once the file is complete: ``run.finish()`` can return while W&B's service process is
+    still writing it, so this waits (up to ``timeout``) for the run's exit record, written last.
+    """
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = run_dir.glob("wandb/offline-run-*/*.wandb")
+    deadline = time.monotonic() + timeout
+    while True:
+        (path,) = run_dir.glob("wandb/offline-run-*/*.wandb")
+        parsed = []
+        try:
+            for raw in records(path):
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(raw)
+                parsed.append(record)
+        except DecodeError:  # the last record is still being written
+            parsed = []
+        if any(r.WhichOneof("record_type") == "exit" for r in parsed):
+            break
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout:.0f} s"
+        time.sleep(0.05)
     rows = []
-    for raw in records(path):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+    for record in parsed:
         if record.WhichOneof("record_type") == "history":
             rows.append(
                 {
