@@ -12,6 +12,10 @@ import sys
 #: name -> (module with ``main(argv) -> int``, one-line description)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "weights": ("benchmarks.weights.run", "weight sync train -> eval: rlkube vs Ray, gloo, raw gRPC, memcpy"),
+    "transport": (
+        "benchmarks.weights.transport",
+        "the weight fetch alone vs a raw gRPC stream, discarding and copying its bytes",
+    ),
     "sharded": (
         "benchmarks.weights.sharded_netns",
         "Sharded weight fetch from 2 train ranks on namespaced nodes vs one stream (root; tc links)",

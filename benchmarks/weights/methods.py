@@ -96,6 +96,13 @@ class ProcessReaders:
     def fingerprints(self) -> list[dict[str, float]]:
         return [self._recv(conn, "fingerprint") for conn in self.conns]
 
+    def roll(self, running: bool) -> None:
+        """Resume (or pause) the readers' rollouts; returns once every reader did."""
+        for conn in self.conns:
+            conn.send(("roll", running))
+        for conn in self.conns:
+            self._recv(conn, "rolling")
+
     def stats(self) -> list[dict[str, Any]]:
         for conn in self.conns:
             conn.send(("stats", None))
@@ -122,6 +129,8 @@ class Method:
     scenario = ""
     kind = ""  # reader process kind, "" for none
     checks_fingerprint = True
+    #: Whether the readers run rollouts while they load (``--no-rollouts``: the transport alone).
+    rollouts = True
 
     def start(self, readers: int) -> None:
         self.count = readers
@@ -135,6 +144,11 @@ class Method:
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    def on_node(self, present: bool) -> None:
+        """Measured in turns with another method: only the one measured has its readers rolling out."""
+        if self.readers is not None:
+            self.readers.roll(present and self.rollouts)
 
     def teardown(self) -> None:
         if self.readers is not None:
@@ -191,6 +205,7 @@ class Rlkube(Method):
                     "source": source,
                     "streams": self.streams,
                     "rank": rank,
+                    "rollouts": self.rollouts,
                 }
                 for rank in range(self.count)
             ]
@@ -363,14 +378,20 @@ class Gloo(Method):
 
 
 class RawGrpc(Method):
-    """A bare gRPC server stream of the flat bytes, each reader receiving and discarding them."""
+    """A bare gRPC server stream of the flat bytes to the node: one reader receives and discards them.
+
+    ``lands=True`` (``grpc-raw-copy``): it copies each message into one preallocated buffer, the
+    one copy any receiver that keeps the bytes makes. The node has as many rolling eval policies
+    as rlkube's run beside it (see ``RawGrpcReader``).
+    """
 
     kind = "grpc-raw"
     checks_fingerprint = False
 
-    def __init__(self, scenario: str) -> None:
+    def __init__(self, scenario: str, *, lands: bool = False) -> None:
         self.scenario = scenario
-        self.name = "grpc-raw"
+        self.lands = lands
+        self.name = "grpc-raw-copy" if lands else "grpc-raw"
 
     def setup(self, spec: Spec, state_dict: StateDict) -> None:
         assert self.readers is not None
@@ -390,7 +411,13 @@ class RawGrpc(Method):
         )
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
-        self.readers.setup([{"address": f"127.0.0.1:{port}"} for _ in range(self.count)])
+        self.readers.setup(
+            [
+                {"address": f"127.0.0.1:{port}", "spec": spec, "receives": rank == 0}
+                | {"rollouts": self.rollouts, "lands": self.lands, "total_bytes": self.flat.numel()}
+                for rank in range(self.count)
+            ]
+        )
         self.readers.wait_ready()
 
     def measure(self, version: int, state_dict: StateDict) -> Result:
@@ -399,7 +426,7 @@ class RawGrpc(Method):
         self.readers.expect(version)
         loaded = self.readers.loaded()
         self.readers.fingerprints()
-        return Result(max(loaded) - t0, [], net_bytes=self.flat.numel() * len(loaded))
+        return Result(max(loaded) - t0, [], net_bytes=self.flat.numel())  # one stream to the node
 
     def teardown(self) -> None:
         super().teardown()
@@ -471,6 +498,7 @@ def methods_for(scenario: str, names: list[str]) -> list[Method]:
             Rlkube("b"),
             Rlkube("b", "Sharded", 4),
             RawGrpc("b"),
+            RawGrpc("b", lands=True),
             Gloo("b", "flat"),
             Memcpy("b"),
         ]

@@ -3,7 +3,8 @@
 :func:`reader_process` runs in a spawned process and answers commands on a pipe:
 ``("setup", config)`` -> ``("ready",)``; ``("expect", version)`` -> ``("loaded", t)`` as soon as
 the version is in the model (``t`` is ``time.perf_counter()``: CLOCK_MONOTONIC, comparable
-across processes), then ``("fingerprint", {...})``; ``("stats",)``; ``("exit",)``.
+across processes), then ``("fingerprint", {...})``; ``("roll", bool)`` pauses or resumes the
+reader's rollouts; ``("stats",)``; ``("exit",)``.
 :class:`RayReader` is the same reader as a Ray actor.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import mmap
 import os
 import threading
 import time
@@ -38,6 +40,41 @@ def bench_policy(spec: Spec, strategy: str) -> BenchPolicy:
         {"type": "Bench", "modelCfg": {"spec": spec}, "weightBuffer": {"strategy": strategy}}
     )
     return BenchPolicy(config, "eval")
+
+
+class Rollouts:
+    """An eval policy's rollouts, running throughout: 1 ms inference under the gate, 1 ms env step outside.
+
+    Every reader whose figure is compared with rlkube's runs them, so that the node's CPU is
+    shared alike (on a 2-core machine, 4 rolling policies take a good part of it).
+    """
+
+    def __init__(self, policy: BenchPolicy, *, running: bool = True) -> None:
+        self.policy = policy
+        self.stop = threading.Event()
+        self.running = threading.Event()
+        self.set_running(running)
+        self.thread = threading.Thread(target=self.roll, name="rollouts", daemon=True)
+        self.thread.start()
+
+    def roll(self) -> None:
+        obs = EnvRet(env_id=torch.arange(4), observation=torch.zeros(4, 1))
+        while not self.stop.is_set():
+            if not self.running.wait(0.1):
+                continue
+            self.policy._rollout(obs)
+            time.sleep(0.001)
+
+    def set_running(self, running: bool) -> None:
+        """Pause or resume (a method measured in turns with another rests while the other is measured)."""
+        if running:
+            self.running.set()
+        else:
+            self.running.clear()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 class RlkubeReader:
@@ -69,16 +106,7 @@ class RlkubeReader:
 
         self.policy.commit_staged_weights = timed_commit  # type: ignore[method-assign]
         self.plane.start(self.policy)
-        self.stop = threading.Event()
-        self.roller = threading.Thread(target=self.roll, daemon=True)
-        self.roller.start()
-
-    def roll(self) -> None:
-        """Rollouts keep running during updates: 1 ms inference under the gate, 1 ms env step outside."""
-        obs = EnvRet(env_id=torch.arange(4), observation=torch.zeros(4, 1))
-        while not self.stop.is_set():
-            self.policy._rollout(obs)
-            time.sleep(0.001)
+        self.rollouts = Rollouts(self.policy, running=config.get("rollouts", True))
 
     def expect(self, version: int, timeout: float = 300.0) -> float:
         with self.changed:
@@ -99,8 +127,7 @@ class RlkubeReader:
         }
 
     def close(self) -> None:
-        self.stop.set()
-        self.roller.join()
+        self.rollouts.close()
         self.policy.close()
         self.plane.close()
 
@@ -158,19 +185,40 @@ class GlooReader:
 
 
 class RawGrpcReader:
-    """Receives the flat bytes from the raw stream server and discards them (the transport ceiling)."""
+    """An eval policy rolling out on a node that gets the flat bytes by one raw gRPC stream (the ceiling).
+
+    As with rlkube, one stream reaches the node: the reader with ``receives`` streams the bytes
+    and discards them, the others only roll out, so the node carries the same rollouts as
+    rlkube's readers do.
+    """
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.channel = grpc.insecure_channel(config["address"], options=list(CHANNEL_OPTIONS))
         self.call = self.channel.unary_stream(
             "/bench.Raw/Stream", request_serializer=None, response_deserializer=None
         )
+        self.receives = bool(config.get("receives", True))
+        self.landing = (
+            np.empty(config["total_bytes"], dtype=np.uint8) if self.receives and config.get("lands") else None
+        )
+        if self.landing is not None:
+            self.landing[:: mmap.PAGESIZE] = 0  # warm, as rlkube's slots are prefaulted
+        self.policy: BenchPolicy | None = None
+        self.rollouts: Rollouts | None = None
+        if config.get("spec") is not None:
+            self.policy = bench_policy(config["spec"], "None")
+            self.policy.init_eval()
+            self.rollouts = Rollouts(self.policy, running=config.get("rollouts", True))
         self.durations: list[float] = []
 
     def expect(self, version: int) -> float:
         started = time.perf_counter()
+        if not self.receives:
+            return started
         received = 0
         for message in self.call(b"", timeout=300):
+            if self.landing is not None:
+                self.landing[received : received + len(message)] = np.frombuffer(message, dtype=np.uint8)
             received += len(message)
         end = time.perf_counter()
         self.durations.append(end - started)
@@ -183,6 +231,10 @@ class RawGrpcReader:
         return {"durations": self.durations}
 
     def close(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.close()
+        if self.policy is not None:
+            self.policy.close()
         self.channel.close()
 
 
@@ -210,6 +262,11 @@ def reader_process(conn: Connection, kind: str) -> None:
                 assert reader is not None
                 conn.send(("loaded", reader.expect(arg)))
                 conn.send(("fingerprint", reader.fingerprint()))
+            elif command == "roll":
+                rollouts = getattr(reader, "rollouts", None)
+                if rollouts is not None:
+                    rollouts.set_running(bool(arg))
+                conn.send(("rolling", bool(arg) and rollouts is not None))
             elif command == "stats":
                 conn.send(("stats", reader.stats() if reader else {}))
             elif command == "teardown":

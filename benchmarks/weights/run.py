@@ -2,14 +2,15 @@
 
 Scenarios: (a) trainer and readers on one node (one shm directory); (b) readers on another
 "node" (their own shm directory, bytes over gRPC from the trainer process). Every reader is a
-separate process; every measured version is checked by fingerprint (per-parameter norms) in
-every reader. Peers run in the same run: Ray's object store (numpy and torch payloads, loaded
-by copy as RLightning does; plus zero-copy numpy views, which RLightning does not do), gloo
-broadcast (per tensor into the parameters, or one flat buffer whose views are the
-parameters), a bare gRPC stream, one memcpy of the model (``memcpy-once``) and the memcpy
-bound (one copy in, one out per reader). In (a) ``rlkube`` is the zero-copy publish (the
-trainer's tensors live in the slot: a send flips) and ``rlkube-copy`` the same publisher
-packing every version, as it does for parameters on a GPU.
+separate process that runs rollouts while it loads (``--no-rollouts``: it only loads); every
+measured version is checked by fingerprint (per-parameter norms) in every reader. Peers run in
+the same run: Ray's object store (numpy and torch payloads, loaded by copy as RLightning does;
+plus zero-copy numpy views, which RLightning does not do), gloo broadcast (per tensor into the
+parameters, or one flat buffer whose views are the parameters), a bare gRPC stream to a node
+with as many rolling readers, one memcpy of the model (``memcpy-once``) and the memcpy bound
+(one copy in, one out per reader). In (a) ``rlkube`` is the zero-copy publish (the trainer's
+tensors live in the slot: a send flips) and ``rlkube-copy`` the same publisher packing every
+version, as it does for parameters on a GPU.
 
     rlkube bench weights [--quick] [--json PATH] [--sizes 10MB,100MB,1GB] [--readers 1,4,8]
                          [--scenarios a,b] [--methods rlkube,ray,gloo,grpc-raw,memcpy]
@@ -38,11 +39,12 @@ from benchmarks.weights.methods import Method, Rlkube, methods_for
 from benchmarks.weights.models import SPECS, advance_, fingerprint, make_state_dict, spec_bytes
 
 SIZES = {"1MB": 10**6, "4MB": 4 * 10**6, "10MB": 10**7, "100MB": 10**8, "1GB": 10**9}
-ALL_METHODS = "rlkube,ray,gloo,grpc-raw,memcpy-once,memcpy-bound"
+ALL_METHODS = "rlkube,ray,gloo,grpc-raw,grpc-raw-copy,memcpy-once,memcpy-bound"
 #: not a path RLightning takes (or a reference line of ours); shown, not used as the best peer
 INFORMATIONAL = {"ray-numpy-views", "rlkube-copy", "memcpy-once"}
 #: (scenario, method) -> a method measured in turns with it, version by version (same load)
-COMPANIONS = {("b", "rlkube"): "grpc-raw"}
+#: Methods measured in turns with another, version by version, on a node with as many readers.
+COMPANIONS = {("b", "rlkube"): ("grpc-raw", "grpc-raw-copy")}
 
 
 class BenchError(RuntimeError):
@@ -65,6 +67,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--blocked-updates", type=int, default=100, help="updates for the rollout-blocked p99"
     )
+    parser.add_argument(
+        "--no-rollouts",
+        dest="rollouts",
+        action="store_false",
+        help="readers do not roll out while they load: the transport alone, without the node's CPU load",
+    )
     parser.add_argument("--blocked-size", default="100MB")
     parser.add_argument("--blocked-readers", type=int, default=4)
     args = parser.parse_args(argv)
@@ -72,7 +80,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.sizes, args.readers, args.iterations, args.warmup = "1MB,4MB", "2", 2, 1
         args.blocked_updates, args.blocked_size, args.blocked_readers = 20, "4MB", 2
         if args.methods == ALL_METHODS:
-            args.methods = "rlkube,gloo-flat,grpc-raw,memcpy-once,memcpy-bound"
+            args.methods = "rlkube,gloo-flat,grpc-raw,grpc-raw-copy,memcpy-once,memcpy-bound"
     for name in args.sizes.split(","):
         if name not in SIZES:
             parser.error(f"unknown size {name!r}: choose from {', '.join(SIZES)}")
@@ -118,7 +126,8 @@ def run_cell(
     """One cell: started methods set up for one state dict, measured in turns ``iterations`` times.
 
     Several methods (rlkube and the raw gRPC stream in scenario (b)) alternate version by
-    version, so that a change in the machine's load hits them alike.
+    version, so that a change in the machine's load hits them alike; while one is measured, the
+    other's readers pause their rollouts (each method's node carries only its own readers).
     """
     times: dict[str, list[float]] = {m.name: [] for m in methods}
     extras: dict[str, list[dict[str, float]]] = {m.name: [] for m in methods}
@@ -131,6 +140,9 @@ def run_cell(
             ready.append(method)
         for i in range(warmup + iterations):
             for method in methods:
+                if len(methods) > 1:
+                    for other in methods:
+                        other.on_node(other is method)
                 advance_(state)
                 version[0] += 1
                 result = method.measure(version[0], state)
@@ -179,12 +191,14 @@ def run_method(
 ) -> list[dict[str, Any]]:
     """Start a method (with its companion, if any) for ``readers`` and measure every size."""
     methods = [next(m for m in methods_for(scenario, names) if m.name == name)]
-    companion = COMPANIONS.get((scenario, name))
-    if companion and readers == 1 and selected(companion, names):
-        methods.append(next(m for m in methods_for(scenario, names) if m.name == companion))
+    for companion in COMPANIONS.get((scenario, name), ()):
+        if selected(companion, names):
+            methods.append(next(m for m in methods_for(scenario, names) if m.name == companion))
+    for method in methods:
+        method.rollouts = args.rollouts
     rows: list[dict[str, Any]] = []
     for method in methods:
-        method.start(1 if method.name == "grpc-raw" else readers)
+        method.start(readers)
     try:
         for size_name, spec in specs.items():
             size = SIZES[size_name]
@@ -328,21 +342,26 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     b = [r for r in ok if r["scenario"] == "b"]
     if b:
         size = max(r["size_bytes"] for r in b)
-        raw = next(
-            (r for r in b if r["method"] == "grpc-raw" and r["size_bytes"] == size and r["readers"] == 1),
-            None,
-        )
         for ours in (r for r in b if r["method"] == "rlkube" and r["size_bytes"] == size):
+            same_node = (r for r in b if r["size_bytes"] == size and r["readers"] == ours["readers"])
+            peers = {r["method"]: r for r in same_node if r["method"].startswith("grpc-raw")}
+            raw, landed = peers.get("grpc-raw"), peers.get("grpc-raw-copy")
             line = f"(b) {fmt_bytes(size)}, {ours['readers']} readers: end to end {ours['gbps']:.2f} GB/s"
             if "wire_gbps" in ours:
                 verdict = "PASS" if ours["wire_gbps"] >= 1 else "FAIL"
                 line += f", wire {ours['wire_gbps']:.2f} GB/s (target >= 1.0: {verdict})"
             if raw:
-                share = ours.get("wire_gbps", ours["gbps"]) / raw["gbps"]
+                wire_share = ours.get("wire_gbps", ours["gbps"]) / raw["gbps"]
+                share = ours["gbps"] / raw["gbps"]
                 verdict = "PASS" if share >= 0.9 else "FAIL"
                 line += (
-                    f"; raw gRPC {raw['gbps']:.2f} GB/s -> wire {share:.0%}, end to end "
-                    f"{ours['gbps'] / raw['gbps']:.0%} of raw (target >= 90%: {verdict})"
+                    f"; raw gRPC to the same node {raw['gbps']:.2f} GB/s -> wire {wire_share:.0%}, "
+                    f"end to end {share:.0%} of raw (target >= 90%: {verdict})"
+                )
+            if landed:
+                line += (
+                    f"; raw gRPC landing the bytes in memory {landed['gbps']:.2f} GB/s -> end to end "
+                    f"{ours['gbps'] / landed['gbps']:.0%}"
                 )
             net = ours["net_bytes_per_version"]
             line += f"; {fmt_bytes(net)} over the network per version for the node"
@@ -428,10 +447,11 @@ def main(argv: list[str]) -> int:
             for name in [m.name for m in methods_for(scenario, names)]:
                 if name.startswith("ray") and ray is None:
                     continue
-                partner = {c: p for (sc, p), c in COMPANIONS.items() if sc == scenario}.get(name)
-                if partner and selected(partner, names) and 1 in reader_counts:
-                    continue  # measured in turns with its partner
-                for readers in [1] if name == "grpc-raw" else reader_counts:  # raw: the one-stream ceiling
+                partners = [p for (sc, p), cs in COMPANIONS.items() if sc == scenario and name in cs]
+                partner = partners[0] if partners else None
+                if partner and selected(partner, names):
+                    continue  # measured in turns with its partner, on a node with as many readers
+                for readers in reader_counts:
                     rows += run_method(args, scenario, name, readers, names, specs, states, version)
         states.clear()
         if args.blocked_updates and "rlkube" in [n.split("-")[0] for n in names]:

@@ -35,6 +35,10 @@ def test_the_quick_weights_benchmark_runs_and_writes_one_row_per_measurement(tmp
     assert any(r["method"] == "rlkube-rollout-blocked" and r["updates"] > 0 for r in rows)
     remote = [r for r in rows if r["scenario"] == "b" and r["method"] == "rlkube"]
     assert all(r["net_bytes_per_version"] > 0 for r in remote)
+    # The raw streams' node has as many rolling readers as rlkube's, for every count measured.
+    for peer in ("grpc-raw", "grpc-raw-copy"):
+        raw = [r for r in rows if r["scenario"] == "b" and r["method"] == peer]
+        assert {r["readers"] for r in raw} == {r["readers"] for r in remote}, peer
     assert "scenario (a)" in proc.stdout
     assert set(Path("/dev/shm").glob("rlkube-bench-*")) == before  # nothing left in shared memory
 
@@ -48,3 +52,34 @@ def test_the_bench_dispatcher_lists_benchmarks_and_rejects_unknown_ones(
     assert "weights" in capsys.readouterr().out
     assert main(["nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_transport_benchmark_compares_the_fetch_with_both_raw_streams(tmp_path: Path) -> None:
+    out = tmp_path / "transport.json"
+    before = set(Path("/dev/shm").glob("rlkube-bench-*"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.cli",
+            "transport",
+            "--megabytes",
+            "8",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seconds = json.loads(out.read_text())["seconds"]
+    assert set(seconds) == {"rlkube", "grpc-raw", "grpc-raw-copy"}
+    assert all(len(v) == 2 and min(v) > 0 for v in seconds.values())
+    assert "grpc-raw-copy" in proc.stdout
+    assert set(Path("/dev/shm").glob("rlkube-bench-*")) == before

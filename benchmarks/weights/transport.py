@@ -1,0 +1,145 @@
+"""``rlkube bench transport``: the weight fetch alone against a raw gRPC stream, no readers, no packing.
+
+A server process publishes one version (committed, so nothing is packed or hashed while it is
+fetched) and serves the same bytes as a bare gRPC stream. The client process fetches in turns,
+round by round: ``WeightStoreClient.fetch_into`` (checks every chunk and copies it into a
+buffer), the raw stream discarding the bytes, and the raw stream copying them into a buffer.
+What separates rlkube from the copying raw stream is its own overhead; what separates the two
+raw streams is the one copy any receiver that keeps the bytes makes.
+
+    rlkube bench transport [--megabytes 100] [--rounds 20] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+RAW_METHOD = "/bench.Raw/Stream"
+
+
+def serve(megabytes: int, queue: Any) -> None:
+    """The server process: a WeightPublisher with one committed version, and the raw stream."""
+    import grpc
+    import torch
+    from rlkube.weights.layout import layout_of, pack_into_
+    from rlkube.weights.publisher import PublisherConfig, WeightPublisher
+    from rlkube.weights.wire import DEFAULT_CHUNK_BYTES, SERVER_OPTIONS
+
+    torch.set_num_threads(1)
+    tensors = max(1, megabytes // 4)
+    state = {"model": {f"w{i}": torch.randn(1 << 20) for i in range(tensors)}}  # 4 MiB each
+    directory = Path("/dev/shm") / f"rlkube-bench-transport-{os.getpid()}"
+    publisher = WeightPublisher(PublisherConfig(shm_dir=directory, listen="127.0.0.1:0")).connect()
+    publisher.send(state, version=1)
+    layout = layout_of(state)
+    flat = torch.empty(layout.total_bytes, dtype=torch.uint8)
+    pack_into_(flat, state, layout)
+    view = memoryview(flat.numpy().data)
+
+    def stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        for offset in range(0, len(view), DEFAULT_CHUNK_BYTES):
+            yield bytes(view[offset : offset + DEFAULT_CHUNK_BYTES])
+
+    server = grpc.server(futures.ThreadPoolExecutor(16), options=list(SERVER_OPTIONS))
+    handler = grpc.unary_stream_rpc_method_handler(stream)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Raw", {"Stream": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        queue.put((publisher.address, f"127.0.0.1:{port}"))
+        queue.get()  # until the client is done
+    finally:
+        server.stop(0).wait()
+        publisher.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def measure(addresses: tuple[str, str], rounds: int) -> dict[str, list[float]]:
+    """The client: every method once per round, in turns; seconds per fetch."""
+    import grpc
+    import numpy as np
+    from rlkube.weights.client import WeightStoreClient
+    from rlkube.weights.wire import CHANNEL_OPTIONS
+
+    store, raw = addresses
+    with WeightStoreClient(store).connect() as client:
+        version = next(iter(client.watch(after=None, seconds=10)))
+        dst = np.zeros(version.total_bytes, dtype=np.uint8)
+        channel = grpc.insecure_channel(raw, options=list(CHANNEL_OPTIONS))
+        call = channel.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None)
+
+        def rlkube() -> None:
+            client.fetch_into(version, dst, while_packing=False)
+
+        def raw_discard() -> None:
+            for _ in call(b"", timeout=300):
+                pass
+
+        def raw_copy() -> None:
+            offset = 0
+            for message in call(b"", timeout=300):
+                dst[offset : offset + len(message)] = np.frombuffer(message, dtype=np.uint8)
+                offset += len(message)
+
+        methods: dict[str, Callable[[], None]] = {
+            "rlkube": rlkube,
+            "grpc-raw": raw_discard,
+            "grpc-raw-copy": raw_copy,
+        }
+        times: dict[str, list[float]] = {name: [] for name in methods}
+        try:
+            for _ in range(rounds + 1):  # the first round warms up
+                for name, fetch in methods.items():
+                    started = time.perf_counter()
+                    fetch()
+                    times[name].append(time.perf_counter() - started)
+        finally:
+            channel.close()
+    return {name: seconds[1:] for name, seconds in times.items()}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rlkube bench transport", description=__doc__.split("\n")[0])
+    parser.add_argument("--megabytes", type=int, default=100, help="model size (MiB, in 4 MiB tensors)")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    args = parser.parse_args(argv)
+    started = os.getloadavg()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    server = ctx.Process(target=serve, args=(args.megabytes, queue), daemon=True)
+    server.start()
+    try:
+        times = measure(queue.get(timeout=120), args.rounds)
+    finally:
+        queue.put("done")
+        server.join(30)
+        if server.is_alive():
+            server.kill()
+    size = args.megabytes * (1 << 20)
+    print(f"rlkube bench transport: {size / 1e6:.1f} MB, {args.rounds} rounds, 2 processes, load {started}")
+    medians = {name: statistics.median(seconds) for name, seconds in times.items()}
+    for name, median in medians.items():
+        print(
+            f"  {name:14s} median {median * 1e3:7.1f} ms  {size / median / 1e9:5.2f} GB/s  "
+            f"rlkube's rate is {medians[name] / medians['rlkube']:.0%} of this"
+        )
+    conditions = {"cpus": os.cpu_count(), "loadavg_at_start": started, "loadavg_at_end": os.getloadavg()}
+    if args.json:
+        args.json.write_text(json.dumps({"conditions": conditions, "size_bytes": size, "seconds": times}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
