@@ -6,20 +6,25 @@ train (after ``wait_writable``) and publish again.
 
 from __future__ import annotations
 
+import itertools
 import shutil
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import torch
+from rlkube._proto import policy_group_pb2 as pb
 from rlkube.engine.trainer import keep_resident, own_tensors
 from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import COPIES, buffer_checksum
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
 from rlkube.weights.shm_reader import ShmReader
+from rlkube.weights.wire import CHANNEL_OPTIONS, FETCH_METHOD, decode_chunk
 from torch import nn
 
 from tests.weights.conftest import Helper
@@ -271,3 +276,119 @@ def test_the_trainer_keeps_a_base_policys_tensors_resident_but_not_a_policy_that
         assert not other.resident
         other.send(copying.get_trainable_parameters(), version=2)
         assert other.last_copied_before_flip > 0
+
+
+class WatchedDefer:
+    """Wraps ``board.wait_streams_done``: events when the move starts waiting and when it stops."""
+
+    def __init__(self, publisher: WeightPublisher, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.waiting, self.returned = threading.Event(), threading.Event()
+        self.result: bool | None = None
+        original = publisher.board.wait_streams_done
+
+        def wrapped(*args: Any, **kwargs: Any) -> bool:
+            self.waiting.set()
+            self.result = original(*args, **kwargs)
+            self.returned.set()
+            return self.result
+
+        monkeypatch.setattr(publisher.board, "wait_streams_done", wrapped)
+
+
+def fetch_stream(address: str, announced: pb.WeightVersion) -> Iterator[bytes]:
+    """A remote receiver's fetch of ``announced`` as raw messages, read only as far as the test reads."""
+    channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+    call = channel.unary_stream(
+        FETCH_METHOD, request_serializer=pb.FetchWeightsRequest.SerializeToString, response_deserializer=None
+    )
+    request = pb.FetchWeightsRequest(
+        version=announced.version,
+        layout_digest=announced.layout_digest,
+        chunk_bytes=announced.chunk_bytes,
+        incarnation=announced.incarnation,
+        while_packing=True,
+    )
+    try:
+        yield from call(request, timeout=60)
+    finally:
+        channel.close()
+
+
+def land(messages: Iterator[bytes], dst: np.ndarray) -> int:
+    """Copy every data chunk of ``messages`` into ``dst``; returns the commit chunk's root."""
+    root = 0
+    for message in messages:
+        chunk = decode_chunk(message)
+        if len(chunk.data):
+            dst[chunk.offset : chunk.offset + len(chunk.data)] = np.frombuffer(chunk.data, dtype=np.uint8)
+        else:
+            root = chunk.checksum
+    return root
+
+
+@pytest.fixture
+def serving(shm_dir: Path, trainer: TinyPolicy) -> Iterator[tuple[WeightPublisher, WeightStoreClient]]:
+    config = PublisherConfig(shm_dir=shm_dir / "train", listen="127.0.0.1:0", chunk_bytes=4096)
+    with WeightPublisher(config) as publisher, WeightStoreClient(publisher.address or "").connect() as client:
+        publish_and_reside(publisher, trainer)
+        yield publisher, client
+
+
+def start_streamed_publish(
+    publisher: WeightPublisher, client: WeightStoreClient, trainer: TinyPolicy, pool: ThreadPoolExecutor
+) -> tuple[Iterator[bytes], pb.WeightVersion]:
+    """Version 2, sent while a remote fetch streams it; that fetch has read one chunk and waits."""
+    versions = client.watch(after=None, while_packing=True, seconds=60)
+    assert next(versions).version == 1  # the watch is live: the next publish streams while packed
+    joined = threading.Event()
+    publisher.pack_gate = lambda index, _: index == 0 or joined.wait(10)  # the fetch joins first
+    train_once(publisher, trainer)
+    sent = pool.submit(publisher.send, trainer.get_trainable_parameters(), version=2)
+    announced = next(versions)
+    stream = fetch_stream(publisher.address or "", announced)
+    first = next(stream)  # chunk 0: the fetch streams the version while it is packed
+    joined.set()
+    assert sent.result(30) == 2
+    return itertools.chain([first], stream), announced
+
+
+def test_the_move_after_a_flip_waits_until_remote_fetches_of_that_version_end(
+    serving: tuple[WeightPublisher, WeightStoreClient], trainer: TinyPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publisher, client = serving
+    defer = WatchedDefer(publisher, monkeypatch)
+    with ThreadPoolExecutor(2) as pool:
+        stream, announced = start_streamed_publish(publisher, client, trainer, pool)
+        assert defer.waiting.wait(10)
+        moved_before = COPIES.snapshot().get("copy_resident_into_slot", (0, 0))[1]
+        dst = np.zeros(announced.total_bytes, dtype=np.uint8)
+        root = land(stream, dst)  # the rest of the fetch, then the stream ends
+        assert defer.returned.wait(10)
+    assert defer.result is True  # it waited for the fetch, not for a timeout or the trainer
+    publisher.wait_writable()
+    assert COPIES.snapshot()["copy_resident_into_slot"][1] > moved_before  # it moved after the fetch
+    assert (publisher.moves_deferred, publisher.moves_hurried) == (1, 0)
+    assert root == buffer_checksum(dst, 4096) == publisher.latest().checksum
+
+
+def test_a_trainer_that_needs_its_tensors_does_not_wait_for_a_slow_remote_fetch(
+    serving: tuple[WeightPublisher, WeightStoreClient], trainer: TinyPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publisher, client = serving
+    defer = WatchedDefer(publisher, monkeypatch)
+    with ThreadPoolExecutor(2) as pool:
+        stream, announced = start_streamed_publish(publisher, client, trainer, pool)
+        assert defer.waiting.wait(10)
+        expected = snapshot(trainer.get_trainable_parameters())
+        publisher.wait_writable()  # the fetch still waits for its second chunk
+        assert defer.result is False
+        assert (publisher.moves_deferred, publisher.moves_hurried) == (1, 1)
+        trainer.train()  # the trainer writes its tensors, now in the other slot
+        dst = np.zeros(announced.total_bytes, dtype=np.uint8)
+        root = land(stream, dst)
+    # The slow fetch still gets version 2 intact: its slot stayed pinned while it streamed.
+    assert root == buffer_checksum(dst, 4096) == publisher.latest().checksum
+    with ShmReader(publisher.config.shm_dir, verify=True) as reader, reader.acquire() as snap:
+        assert snap.version == 2
+        assert bytes(snap.buffer.numpy()) == dst.tobytes()
+        assert_same(snap.views, expected)

@@ -102,6 +102,10 @@ class PublisherConfig:
 
     #: Let keep_resident() put the trainer's tensors in the back slot (zero-copy publish).
     zero_copy: bool = True
+    #: After a zero-copy flip, the move of the trainer's tensors into the other slot waits for the
+    #: remote fetches streaming the flipped version to end (they read the same memory on the same
+    #: CPUs), at most this long, and never once the trainer waits for its tensors (wait_writable).
+    move_defer_seconds: float = 10.0
 
     @classmethod
     def from_spec(
@@ -150,6 +154,11 @@ class WeightPublisher:
         self._resident_lease: SlotLease | None = None
         self._moving: Future[None] | None = None
         self._mover = ThreadPoolExecutor(1, thread_name_prefix="weight-move")
+        self._move_now = threading.Event()  # the trainer waits for the move: no more deferring
+        #: How many moves waited for remote fetches to end first, and how many of those the
+        #: trainer cut short by needing its tensors (wait_writable).
+        self.moves_deferred = 0
+        self.moves_hurried = 0
         #: Why zero-copy publishing was turned off for good (a failed move, another state dict).
         self._zero_copy_off: str | None = None if config.zero_copy else "PublisherConfig.zero_copy is off"
         self._staging = PinnedStaging()  # parameters on a GPU (see rlkube.weights.staging)
@@ -294,7 +303,8 @@ class WeightPublisher:
         self._version = number
         if resident:  # the trainer must not write the slot readers now read: move off it
             self._resident_lease = None
-            self._moving = self._mover.submit(self._move_resident)
+            self._move_now.clear()
+            self._moving = self._mover.submit(self._move_resident, packing)
         committed = pb.WeightVersion()
         committed.CopyFrom(announcement)
         committed.checksum, committed.published_at = total, meta.published_at
@@ -343,10 +353,23 @@ class WeightPublisher:
         """Return once the trainer may update its tensors: a move after a flip is done."""
         moving, self._moving = self._moving, None
         if moving is not None:
+            self._move_now.set()
+            self.board.wake()
             moving.result()
 
-    def _move_resident(self) -> None:
-        """Take the back slot and move the resident tensors into it (the trainer waits for this)."""
+    def _move_resident(self, streamed: PackingVersion | None = None) -> None:
+        """Take the back slot and move the resident tensors into it (the trainer waits for this).
+
+        ``streamed``: the version just flipped, which remote receivers may still be fetching:
+        the move (one copy of the model) waits for those fetches first, unless the trainer
+        needs its tensors now (see ``PublisherConfig.move_defer_seconds``).
+        """
+        if streamed is not None and streamed.streams > 0 and not self._move_now.is_set():
+            self.moves_deferred += 1
+            done = self.board.wait_streams_done(
+                streamed, until=self._move_now, timeout=self.config.move_defer_seconds
+            )
+            self.moves_hurried += 0 if done else 1
         tensors = self._resident
         assert tensors is not None
         try:

@@ -178,9 +178,23 @@ class VersionBoard:
     def leave(self, record: PackingVersion) -> None:
         with self._cond:
             record.streams -= 1
-            if record.streams == 0 and record.pinned is not None:
-                record.pinned.release()
-                record.pinned = None
+            if record.streams == 0:
+                if record.pinned is not None:
+                    record.pinned.release()
+                    record.pinned = None
+                self._cond.notify_all()  # see wait_streams_done
+
+    def wait_streams_done(self, record: PackingVersion, *, until: threading.Event, timeout: float) -> bool:
+        """Wait until no fetch streams ``record``; False if ``until`` was set, the board closed or
+        ``timeout`` passed first (whoever sets ``until`` calls :meth:`wake`)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while record.streams > 0:
+                left = deadline - time.monotonic()
+                if self._closed or until.is_set() or left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
 
     def wait_chunk(self, record: PackingVersion, index: int, active: Callable[[], bool]) -> int:
         """Chunk ``index``'s digest once it is ready; raises VersionAborted if it never will be."""
