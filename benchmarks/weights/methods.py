@@ -14,19 +14,17 @@ import os
 import shutil
 import socket
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 from rlkube.weights.layout import layout_of, pack_into_
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
-from rlkube.weights.wire import DEFAULT_CHUNK_BYTES, SERVER_OPTIONS
 
 from benchmarks.weights.models import Spec
+from benchmarks.weights.raw_stream import serve_raw_stream
 from benchmarks.weights.readers import RayReader, reader_process
 
 StateDict = dict[str, dict[str, torch.Tensor]]
@@ -398,19 +396,7 @@ class RawGrpc(Method):
         layout = layout_of(state_dict)
         self.flat = torch.empty(layout.total_bytes, dtype=torch.uint8)
         pack_into_(self.flat, state_dict, layout)
-        view = memoryview(self.flat.numpy())
-
-        def stream(request: bytes, context: grpc.ServicerContext) -> Any:
-            for offset in range(0, len(view), DEFAULT_CHUNK_BYTES):
-                yield bytes(view[offset : offset + DEFAULT_CHUNK_BYTES])  # one copy, as rlkube's server
-
-        self.server = grpc.server(futures.ThreadPoolExecutor(16), options=list(SERVER_OPTIONS))
-        handler = grpc.unary_stream_rpc_method_handler(stream)
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("bench.Raw", {"Stream": handler}),)
-        )
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
+        self.server, port = serve_raw_stream(memoryview(self.flat.numpy().data))
         self.readers.setup(
             [
                 {"address": f"127.0.0.1:{port}", "spec": spec, "receives": rank == 0}

@@ -22,15 +22,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 from rlkube.envs.types import EnvRet
 from rlkube.spec import PolicySpec
 from rlkube.weights.plane import EvalPlaneConfig, EvalWeightPlane
-from rlkube.weights.wire import CHANNEL_OPTIONS
 
 from benchmarks.weights.models import BenchPolicy, Spec, build_module, fingerprint
+from benchmarks.weights.raw_stream import RawStreamReceiver
 
 warnings.filterwarnings("ignore", message=".*not writable.*")
 
@@ -106,7 +105,7 @@ class RlkubeReader:
 
         self.policy.commit_staged_weights = timed_commit  # type: ignore[method-assign]
         self.plane.start(self.policy)
-        self.rollouts = Rollouts(self.policy, running=config.get("rollouts", True))
+        self.rollouts = Rollouts(self.policy, running=config["rollouts"])
 
     def expect(self, version: int, timeout: float = 300.0) -> float:
         with self.changed:
@@ -193,33 +192,23 @@ class RawGrpcReader:
     """
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.channel = grpc.insecure_channel(config["address"], options=list(CHANNEL_OPTIONS))
-        self.call = self.channel.unary_stream(
-            "/bench.Raw/Stream", request_serializer=None, response_deserializer=None
-        )
-        self.receives = bool(config.get("receives", True))
+        self.stream = RawStreamReceiver(config["address"])
+        self.receives = bool(config["receives"])
         self.landing = (
-            np.empty(config["total_bytes"], dtype=np.uint8) if self.receives and config.get("lands") else None
+            np.empty(config["total_bytes"], dtype=np.uint8) if self.receives and config["lands"] else None
         )
         if self.landing is not None:
             self.landing[:: mmap.PAGESIZE] = 0  # warm, as rlkube's slots are prefaulted
-        self.policy: BenchPolicy | None = None
-        self.rollouts: Rollouts | None = None
-        if config.get("spec") is not None:
-            self.policy = bench_policy(config["spec"], "None")
-            self.policy.init_eval()
-            self.rollouts = Rollouts(self.policy, running=config.get("rollouts", True))
+        self.policy = bench_policy(config["spec"], "None")
+        self.policy.init_eval()
+        self.rollouts = Rollouts(self.policy, running=config["rollouts"])
         self.durations: list[float] = []
 
     def expect(self, version: int) -> float:
         started = time.perf_counter()
         if not self.receives:
             return started
-        received = 0
-        for message in self.call(b"", timeout=300):
-            if self.landing is not None:
-                self.landing[received : received + len(message)] = np.frombuffer(message, dtype=np.uint8)
-            received += len(message)
+        self.stream.receive(self.landing)
         end = time.perf_counter()
         self.durations.append(end - started)
         return end
@@ -231,11 +220,9 @@ class RawGrpcReader:
         return {"durations": self.durations}
 
     def close(self) -> None:
-        if self.rollouts is not None:
-            self.rollouts.close()
-        if self.policy is not None:
-            self.policy.close()
-        self.channel.close()
+        self.rollouts.close()
+        self.policy.close()
+        self.stream.close()
 
 
 READERS = {"rlkube": RlkubeReader, "gloo": GlooReader, "grpc-raw": RawGrpcReader}

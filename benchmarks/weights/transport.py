@@ -20,21 +20,18 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-RAW_METHOD = "/bench.Raw/Stream"
 
 
 def serve(megabytes: int, queue: Any) -> None:
     """The server process: a WeightPublisher with one committed version, and the raw stream."""
-    import grpc
     import torch
     from rlkube.weights.layout import layout_of, pack_into_
     from rlkube.weights.publisher import PublisherConfig, WeightPublisher
-    from rlkube.weights.wire import DEFAULT_CHUNK_BYTES, SERVER_OPTIONS
+
+    from benchmarks.weights.raw_stream import serve_raw_stream
 
     torch.set_num_threads(1)
     tensors = max(1, megabytes // 4)
@@ -45,17 +42,7 @@ def serve(megabytes: int, queue: Any) -> None:
     layout = layout_of(state)
     flat = torch.empty(layout.total_bytes, dtype=torch.uint8)
     pack_into_(flat, state, layout)
-    view = memoryview(flat.numpy().data)
-
-    def stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        for offset in range(0, len(view), DEFAULT_CHUNK_BYTES):
-            yield bytes(view[offset : offset + DEFAULT_CHUNK_BYTES])
-
-    server = grpc.server(futures.ThreadPoolExecutor(16), options=list(SERVER_OPTIONS))
-    handler = grpc.unary_stream_rpc_method_handler(stream)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Raw", {"Stream": handler}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, port = serve_raw_stream(memoryview(flat.numpy().data))
     try:
         queue.put((publisher.address, f"127.0.0.1:{port}"))
         queue.get()  # until the client is done
@@ -67,35 +54,20 @@ def serve(megabytes: int, queue: Any) -> None:
 
 def measure(addresses: tuple[str, str], rounds: int) -> dict[str, list[float]]:
     """The client: every method once per round, in turns; seconds per fetch."""
-    import grpc
     import numpy as np
     from rlkube.weights.client import WeightStoreClient
-    from rlkube.weights.wire import CHANNEL_OPTIONS
+
+    from benchmarks.weights.raw_stream import RawStreamReceiver
 
     store, raw = addresses
     with WeightStoreClient(store).connect() as client:
         version = next(iter(client.watch(after=None, seconds=10)))
         dst = np.zeros(version.total_bytes, dtype=np.uint8)
-        channel = grpc.insecure_channel(raw, options=list(CHANNEL_OPTIONS))
-        call = channel.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None)
-
-        def rlkube() -> None:
-            client.fetch_into(version, dst, while_packing=False)
-
-        def raw_discard() -> None:
-            for _ in call(b"", timeout=300):
-                pass
-
-        def raw_copy() -> None:
-            offset = 0
-            for message in call(b"", timeout=300):
-                dst[offset : offset + len(message)] = np.frombuffer(message, dtype=np.uint8)
-                offset += len(message)
-
-        methods: dict[str, Callable[[], None]] = {
-            "rlkube": rlkube,
-            "grpc-raw": raw_discard,
-            "grpc-raw-copy": raw_copy,
+        stream = RawStreamReceiver(raw)
+        methods: dict[str, Callable[[], object]] = {
+            "rlkube": lambda: client.fetch_into(version, dst, while_packing=False),
+            "grpc-raw": stream.receive,
+            "grpc-raw-copy": lambda: stream.receive(dst),
         }
         times: dict[str, list[float]] = {name: [] for name in methods}
         try:
@@ -105,7 +77,7 @@ def measure(addresses: tuple[str, str], rounds: int) -> dict[str, list[float]]:
                     fetch()
                     times[name].append(time.perf_counter() - started)
         finally:
-            channel.close()
+            stream.close()
     return {name: seconds[1:] for name, seconds in times.items()}
 
 

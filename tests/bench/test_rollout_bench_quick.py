@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench.cli import run_bench
 
 
 @pytest.mark.slow
 def test_the_quick_rollout_benchmark_measures_every_method_and_engine(tmp_path: Path) -> None:
     out = tmp_path / "rollout.json"
     before = set(Path("/dev/shm").glob("rlkube-bench-rollout-*"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cli", "rollout", "--quick", "--json", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench("rollout", "--quick", "--json", str(out), timeout=540)
     rows = json.loads(out.read_text())
     seen = {(r["method"], r["engine"], r["workers"]) for r in rows}
     assert {("bound", "-", 1), ("in-process", "sync", 1)} <= seen

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench.cli import run_bench
 
 REQUIRED = {"scenario", "method", "size_bytes", "readers", "seconds", "gbps"}
 
@@ -17,15 +16,7 @@ REQUIRED = {"scenario", "method", "size_bytes", "readers", "seconds", "gbps"}
 def test_the_quick_weights_benchmark_runs_and_writes_one_row_per_measurement(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     before = set(Path("/dev/shm").glob("rlkube-bench-*"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cli", "weights", "--quick", "--json", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench("weights", "--quick", "--json", str(out), timeout=540)
     rows = json.loads(out.read_text())["rows"]
     assert [r for r in rows if "error" in r] == []
     for row in rows:
@@ -58,26 +49,7 @@ def test_the_bench_dispatcher_lists_benchmarks_and_rejects_unknown_ones(
 def test_the_transport_benchmark_compares_the_fetch_with_both_raw_streams(tmp_path: Path) -> None:
     out = tmp_path / "transport.json"
     before = set(Path("/dev/shm").glob("rlkube-bench-*"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.cli",
-            "transport",
-            "--megabytes",
-            "8",
-            "--rounds",
-            "2",
-            "--json",
-            str(out),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench("transport", "--megabytes", "8", "--rounds", "2", "--json", str(out), timeout=300)
     seconds = json.loads(out.read_text())["seconds"]
     assert set(seconds) == {"rlkube", "grpc-raw", "grpc-raw-copy"}
     assert all(len(v) == 2 and min(v) > 0 for v in seconds.values())

@@ -297,7 +297,9 @@ class WatchedDefer:
 
 def fetch_stream(address: str, announced: pb.WeightVersion) -> Iterator[bytes]:
     """A remote receiver's fetch of ``announced`` as raw messages, read only as far as the test reads."""
-    channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+    # No window growth: a stream the test does not read holds the server back after 64 KiB.
+    window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 64 << 10)]
+    channel = grpc.insecure_channel(address, options=[*CHANNEL_OPTIONS, *window])
     call = channel.unary_stream(
         FETCH_METHOD, request_serializer=pb.FetchWeightsRequest.SerializeToString, response_deserializer=None
     )
@@ -326,68 +328,82 @@ def land(messages: Iterator[bytes], dst: np.ndarray) -> int:
     return root
 
 
+#: The next tests hold a remote fetch open by not reading it: the version must be far larger than
+#: what gRPC's flow control lets the server push ahead (~34 MB, against a 64 KiB stream window).
+LARGE_HIDDEN = 500_000
+GRID = 1 << 20
+
+
 @pytest.fixture
-def serving(shm_dir: Path, trainer: TinyPolicy) -> Iterator[tuple[WeightPublisher, WeightStoreClient]]:
-    config = PublisherConfig(shm_dir=shm_dir / "train", listen="127.0.0.1:0", chunk_bytes=4096)
+def large_trainer() -> TinyPolicy:
+    policy = tiny_policy("train", hidden=LARGE_HIDDEN)
+    policy.init_train()
+    return policy
+
+
+@pytest.fixture
+def serving(shm_dir: Path, large_trainer: TinyPolicy) -> Iterator[tuple[WeightPublisher, WeightStoreClient]]:
+    config = PublisherConfig(shm_dir=shm_dir / "train", listen="127.0.0.1:0", chunk_bytes=GRID)
     with WeightPublisher(config) as publisher, WeightStoreClient(publisher.address or "").connect() as client:
-        publish_and_reside(publisher, trainer)
+        publish_and_reside(publisher, large_trainer)
         yield publisher, client
 
 
-def start_streamed_publish(
-    publisher: WeightPublisher, client: WeightStoreClient, trainer: TinyPolicy, pool: ThreadPoolExecutor
-) -> tuple[Iterator[bytes], pb.WeightVersion]:
-    """Version 2, sent while a remote fetch streams it; that fetch has read one chunk and waits."""
+@pytest.fixture
+def streamed_publish(
+    serving: tuple[WeightPublisher, WeightStoreClient],
+    large_trainer: TinyPolicy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[WeightPublisher, WatchedDefer, Iterator[bytes], pb.WeightVersion]:
+    """Version 2, sent while a remote fetch streams it; that fetch has read one chunk and waits,
+    and the move after the flip is waiting for it."""
+    publisher, client = serving
+    defer = WatchedDefer(publisher, monkeypatch)
     versions = client.watch(after=None, while_packing=True, seconds=60)
     assert next(versions).version == 1  # the watch is live: the next publish streams while packed
     joined = threading.Event()
     publisher.pack_gate = lambda index, _: index == 0 or joined.wait(10)  # the fetch joins first
-    train_once(publisher, trainer)
-    sent = pool.submit(publisher.send, trainer.get_trainable_parameters(), version=2)
-    announced = next(versions)
-    stream = fetch_stream(publisher.address or "", announced)
-    first = next(stream)  # chunk 0: the fetch streams the version while it is packed
-    joined.set()
-    assert sent.result(30) == 2
-    return itertools.chain([first], stream), announced
+    train_once(publisher, large_trainer)
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(publisher.send, large_trainer.get_trainable_parameters(), version=2)
+        announced = next(versions)
+        stream = fetch_stream(publisher.address or "", announced)
+        first = next(stream)  # chunk 0: the fetch streams the version while it is packed
+        joined.set()
+        assert sent.result(30) == 2
+    assert defer.waiting.wait(10)
+    return publisher, defer, itertools.chain([first], stream), announced
 
 
 def test_the_move_after_a_flip_waits_until_remote_fetches_of_that_version_end(
-    serving: tuple[WeightPublisher, WeightStoreClient], trainer: TinyPolicy, monkeypatch: pytest.MonkeyPatch
+    streamed_publish: tuple[WeightPublisher, WatchedDefer, Iterator[bytes], pb.WeightVersion],
 ) -> None:
-    publisher, client = serving
-    defer = WatchedDefer(publisher, monkeypatch)
-    with ThreadPoolExecutor(2) as pool:
-        stream, announced = start_streamed_publish(publisher, client, trainer, pool)
-        assert defer.waiting.wait(10)
-        moved_before = COPIES.snapshot().get("copy_resident_into_slot", (0, 0))[1]
-        dst = np.zeros(announced.total_bytes, dtype=np.uint8)
-        root = land(stream, dst)  # the rest of the fetch, then the stream ends
-        assert defer.returned.wait(10)
+    publisher, defer, stream, announced = streamed_publish
+    moved_before = COPIES.snapshot().get("copy_resident_into_slot", (0, 0))[1]
+    dst = np.zeros(announced.total_bytes, dtype=np.uint8)
+    root = land(stream, dst)  # the rest of the fetch, then the stream ends
+    assert defer.returned.wait(10)
     assert defer.result is True  # it waited for the fetch, not for a timeout or the trainer
     publisher.wait_writable()
     assert COPIES.snapshot()["copy_resident_into_slot"][1] > moved_before  # it moved after the fetch
     assert (publisher.moves_deferred, publisher.moves_hurried) == (1, 0)
-    assert root == buffer_checksum(dst, 4096) == publisher.latest().checksum
+    assert root == buffer_checksum(dst, GRID) == publisher.latest().checksum
 
 
 def test_a_trainer_that_needs_its_tensors_does_not_wait_for_a_slow_remote_fetch(
-    serving: tuple[WeightPublisher, WeightStoreClient], trainer: TinyPolicy, monkeypatch: pytest.MonkeyPatch
+    streamed_publish: tuple[WeightPublisher, WatchedDefer, Iterator[bytes], pb.WeightVersion],
+    large_trainer: TinyPolicy,
 ) -> None:
-    publisher, client = serving
-    defer = WatchedDefer(publisher, monkeypatch)
-    with ThreadPoolExecutor(2) as pool:
-        stream, announced = start_streamed_publish(publisher, client, trainer, pool)
-        assert defer.waiting.wait(10)
-        expected = snapshot(trainer.get_trainable_parameters())
-        publisher.wait_writable()  # the fetch still waits for its second chunk
-        assert defer.result is False
-        assert (publisher.moves_deferred, publisher.moves_hurried) == (1, 1)
-        trainer.train()  # the trainer writes its tensors, now in the other slot
-        dst = np.zeros(announced.total_bytes, dtype=np.uint8)
-        root = land(stream, dst)
+    publisher, defer, stream, announced = streamed_publish
+    expected = snapshot(large_trainer.get_trainable_parameters())
+    publisher.wait_writable()  # the fetch still waits for its second chunk
+    assert defer.result is False
+    assert (publisher.moves_deferred, publisher.moves_hurried) == (1, 1)
+    large_trainer.train()  # the trainer writes its tensors, now in the other slot
+    dst = np.zeros(announced.total_bytes, dtype=np.uint8)
+    root = land(stream, dst)
     # The slow fetch still gets version 2 intact: its slot stayed pinned while it streamed.
-    assert root == buffer_checksum(dst, 4096) == publisher.latest().checksum
+    assert root == buffer_checksum(dst, GRID) == publisher.latest().checksum
     with ShmReader(publisher.config.shm_dir, verify=True) as reader, reader.acquire() as snap:
         assert snap.version == 2
         assert bytes(snap.buffer.numpy()) == dst.tobytes()

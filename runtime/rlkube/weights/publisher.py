@@ -155,8 +155,8 @@ class WeightPublisher:
         self._moving: Future[None] | None = None
         self._mover = ThreadPoolExecutor(1, thread_name_prefix="weight-move")
         self._move_now = threading.Event()  # the trainer waits for the move: no more deferring
-        #: How many moves waited for remote fetches to end first, and how many of those the
-        #: trainer cut short by needing its tensors (wait_writable).
+        #: How many moves waited for remote fetches to end first, and how many of those were cut
+        #: short: the trainer needed its tensors (wait_writable), move_defer_seconds passed, or close.
         self.moves_deferred = 0
         self.moves_hurried = 0
         #: Why zero-copy publishing was turned off for good (a failed move, another state dict).
@@ -366,10 +366,10 @@ class WeightPublisher:
         """
         if streamed is not None and streamed.streams > 0 and not self._move_now.is_set():
             self.moves_deferred += 1
-            done = self.board.wait_streams_done(
+            if not self.board.wait_streams_done(
                 streamed, until=self._move_now, timeout=self.config.move_defer_seconds
-            )
-            self.moves_hurried += 0 if done else 1
+            ):
+                self.moves_hurried += 1
         tensors = self._resident
         assert tensors is not None
         try:
