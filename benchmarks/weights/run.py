@@ -37,6 +37,7 @@ import torch
 
 from benchmarks.weights.methods import Method, Rlkube, methods_for
 from benchmarks.weights.models import SPECS, advance_, fingerprint, make_state_dict, spec_bytes
+from benchmarks.weights.paired import paired_share
 
 SIZES = {"1MB": 10**6, "4MB": 4 * 10**6, "10MB": 10**7, "100MB": 10**8, "1GB": 10**9}
 ALL_METHODS = "rlkube,ray,gloo,grpc-raw,grpc-raw-copy,memcpy-once,memcpy-bound"
@@ -357,6 +358,11 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
                 line += (
                     f"; raw gRPC to the same node {raw['gbps']:.2f} GB/s -> wire {wire_share:.0%}, "
                     f"end to end {share:.0%} of raw (target >= 90%: {verdict})"
+                )
+                paired = paired_share(ours["iterations"], raw["iterations"])
+                line += (
+                    f", per version in turns {paired.median:.0%} "
+                    f"(95% interval {paired.low:.0%}-{paired.high:.0%}, {paired.pairs} pairs)"
                 )
             if landed:
                 line += (

@@ -5,7 +5,9 @@ fetched) and serves the same bytes as a bare gRPC stream. The client process fet
 round by round: ``WeightStoreClient.fetch_into`` (checks every chunk and copies it into a
 buffer), the raw stream discarding the bytes, and the raw stream copying them into a buffer.
 What separates rlkube from the copying raw stream is its own overhead; what separates the two
-raw streams is the one copy any receiver that keeps the bytes makes.
+raw streams is the one copy any receiver that keeps the bytes makes. Two plain TCP streams read
+with ``recv_into`` straight into the buffer (``tcp-recv-into``, and ``tcp-recv-into-xxh3`` with
+rlkube's per-chunk check) show what a transport without gRPC's own copies reaches.
 
     rlkube bench transport [--megabytes 100] [--rounds 20] [--json PATH]
 """
@@ -31,7 +33,7 @@ def serve(megabytes: int, queue: Any) -> None:
     from rlkube.weights.layout import layout_of, pack_into_
     from rlkube.weights.publisher import PublisherConfig, WeightPublisher
 
-    from benchmarks.weights.raw_stream import serve_raw_stream
+    from benchmarks.weights.raw_stream import RawTcpServer, serve_raw_stream
 
     torch.set_num_threads(1)
     tensors = max(1, megabytes // 4)
@@ -43,31 +45,36 @@ def serve(megabytes: int, queue: Any) -> None:
     flat = torch.empty(layout.total_bytes, dtype=torch.uint8)
     pack_into_(flat, state, layout)
     server, port = serve_raw_stream(memoryview(flat.numpy().data))
+    tcp = RawTcpServer(memoryview(flat.numpy().data))
     try:
-        queue.put((publisher.address, f"127.0.0.1:{port}"))
+        queue.put((publisher.address, f"127.0.0.1:{port}", f"127.0.0.1:{tcp.port}"))
         queue.get()  # until the client is done
     finally:
+        tcp.close()
         server.stop(0).wait()
         publisher.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def measure(addresses: tuple[str, str], rounds: int) -> dict[str, list[float]]:
+def measure(addresses: tuple[str, str, str], rounds: int) -> dict[str, list[float]]:
     """The client: every method once per round, in turns; seconds per fetch."""
     import numpy as np
     from rlkube.weights.client import WeightStoreClient
 
-    from benchmarks.weights.raw_stream import RawStreamReceiver
+    from benchmarks.weights.raw_stream import RawStreamReceiver, RawTcpReceiver
 
-    store, raw = addresses
+    store, raw, tcp_address = addresses
     with WeightStoreClient(store).connect() as client:
         version = next(iter(client.watch(after=None, seconds=10)))
         dst = np.zeros(version.total_bytes, dtype=np.uint8)
         stream = RawStreamReceiver(raw)
+        tcp = RawTcpReceiver(tcp_address, version.total_bytes)
         methods: dict[str, Callable[[], object]] = {
             "rlkube": lambda: client.fetch_into(version, dst, while_packing=False),
             "grpc-raw": stream.receive,
             "grpc-raw-copy": lambda: stream.receive(dst),
+            "tcp-recv-into": lambda: tcp.receive(dst),
+            "tcp-recv-into-xxh3": lambda: tcp.receive(dst, digest=True),
         }
         times: dict[str, list[float]] = {name: [] for name in methods}
         try:
@@ -78,6 +85,7 @@ def measure(addresses: tuple[str, str], rounds: int) -> dict[str, list[float]]:
                     times[name].append(time.perf_counter() - started)
         finally:
             stream.close()
+            tcp.close()
     return {name: seconds[1:] for name, seconds in times.items()}
 
 
@@ -104,7 +112,7 @@ def main(argv: list[str]) -> int:
     medians = {name: statistics.median(seconds) for name, seconds in times.items()}
     for name, median in medians.items():
         print(
-            f"  {name:14s} median {median * 1e3:7.1f} ms  {size / median / 1e9:5.2f} GB/s  "
+            f"  {name:18s} median {median * 1e3:7.1f} ms  {size / median / 1e9:5.2f} GB/s  "
             f"rlkube's rate is {medians[name] / medians['rlkube']:.0%} of this"
         )
     conditions = {"cpus": os.cpu_count(), "loadavg_at_start": started, "loadavg_at_end": os.getloadavg()}

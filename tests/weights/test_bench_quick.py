@@ -31,6 +31,7 @@ def test_the_quick_weights_benchmark_runs_and_writes_one_row_per_measurement(tmp
         raw = [r for r in rows if r["scenario"] == "b" and r["method"] == peer]
         assert {r["readers"] for r in raw} == {r["readers"] for r in remote}, peer
     assert "scenario (a)" in proc.stdout
+    assert "per version in turns" in proc.stdout  # the (b) share over pairs, with its interval
     assert set(Path("/dev/shm").glob("rlkube-bench-*")) == before  # nothing left in shared memory
 
 
@@ -51,7 +52,7 @@ def test_the_transport_benchmark_compares_the_fetch_with_both_raw_streams(tmp_pa
     before = set(Path("/dev/shm").glob("rlkube-bench-*"))
     proc = run_bench("transport", "--megabytes", "8", "--rounds", "2", "--json", str(out), timeout=300)
     seconds = json.loads(out.read_text())["seconds"]
-    assert set(seconds) == {"rlkube", "grpc-raw", "grpc-raw-copy"}
+    assert set(seconds) == {"rlkube", "grpc-raw", "grpc-raw-copy", "tcp-recv-into", "tcp-recv-into-xxh3"}
     assert all(len(v) == 2 and min(v) > 0 for v in seconds.values())
     assert "grpc-raw-copy" in proc.stdout
     assert set(Path("/dev/shm").glob("rlkube-bench-*")) == before
