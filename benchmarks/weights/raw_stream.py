@@ -69,6 +69,7 @@ class RawTcpServer:
         self.data = data
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
+        self._serving: list[tuple[socket.socket, threading.Thread]] = []
         self._accepting = threading.Thread(target=self._accept, name="raw-tcp", daemon=True)
         self._accepting.start()
 
@@ -78,7 +79,9 @@ class RawTcpServer:
                 conn, _ = self.listener.accept()
             except OSError:  # shut down: the benchmark is over
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._serving.append((conn, thread))
+            thread.start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -86,15 +89,24 @@ class RawTcpServer:
             try:
                 while conn.recv(1):
                     conn.sendall(self.data)
-            except OSError:  # the client went away
+            except OSError:  # the client went away, or close() shut the connection
                 return
 
     def close(self) -> None:
-        """Stop accepting (shutdown wakes the blocked accept, so the port is free on return)."""
+        """Stop accepting and end every connection: the port is free once this returns.
+
+        (An accepted socket holds the listener's port too, so each one is shut down and its
+        thread joined; shutdown also wakes the blocked accept.)
+        """
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         self._accepting.join(timeout=5.0)
+        for conn, thread in self._serving:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            thread.join(timeout=5.0)
+        self._serving.clear()
 
 
 class RawTcpReceiver:
