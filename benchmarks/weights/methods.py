@@ -169,15 +169,24 @@ class Rlkube(Method):
     kind = "rlkube"
 
     def __init__(
-        self, scenario: str, strategy: str = "Shared", streams: int = 1, *, zero_copy: bool = True
+        self,
+        scenario: str,
+        strategy: str = "Shared",
+        streams: int = 1,
+        *,
+        zero_copy: bool = True,
+        transport: str = "tcp",
     ) -> None:
         self.scenario = scenario
         self.strategy = strategy
         self.streams = streams
         self.zero_copy = zero_copy
+        self.transport = transport  # spec.policy.weightBuffer.transport: tcp (the default) or grpc
         self.name = "rlkube" if strategy == "Shared" else f"rlkube-{strategy.lower()}x{streams}"
         if not zero_copy:
             self.name += "-copy"
+        if transport != "tcp":
+            self.name += f"-{transport}"
 
     def setup(self, spec: Spec, state_dict: StateDict) -> None:
         self.root = SHM_ROOT / f"rlkube-bench-{os.getpid()}"
@@ -186,6 +195,7 @@ class Rlkube(Method):
             PublisherConfig(
                 shm_dir=self.root / ("train" if remote else "node"),
                 listen="127.0.0.1:0" if remote else None,
+                data_listen="127.0.0.1:0" if remote and self.transport == "tcp" else None,
                 slot_wait_timeout=300.0,
             )
         ).connect()
@@ -482,6 +492,7 @@ def methods_for(scenario: str, names: list[str]) -> list[Method]:
     else:
         every = [
             Rlkube("b"),
+            Rlkube("b", transport="grpc"),
             Rlkube("b", "Sharded", 4),
             RawGrpc("b"),
             RawGrpc("b", lands=True),

@@ -70,6 +70,7 @@ def run_rank(args: argparse.Namespace) -> int:
     config = PublisherConfig(
         shm_dir=Path(args.shm_dir),
         listen=f"{args.address}:{PORT}",
+        data_listen=f"{args.address}:0",  # the product's default transport; found over gRPC
         advertise=f"{args.address}:{PORT}",
         peers=tuple(args.peers.split(",")) if args.peers else (),
         incarnation=args.incarnation,

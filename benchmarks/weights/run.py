@@ -42,7 +42,7 @@ from benchmarks.weights.paired import paired_share
 SIZES = {"1MB": 10**6, "4MB": 4 * 10**6, "10MB": 10**7, "100MB": 10**8, "1GB": 10**9}
 ALL_METHODS = "rlkube,ray,gloo,grpc-raw,grpc-raw-copy,memcpy-once,memcpy-bound"
 #: not a path RLightning takes (or a reference line of ours); shown, not used as the best peer
-INFORMATIONAL = {"ray-numpy-views", "rlkube-copy", "memcpy-once"}
+INFORMATIONAL = {"ray-numpy-views", "rlkube-copy", "rlkube-grpc", "memcpy-once"}
 #: (scenario, method) -> a method measured in turns with it, version by version (same load)
 #: Methods measured in turns with another, version by version, on a node with as many readers.
 COMPANIONS = {("b", "rlkube"): ("grpc-raw", "grpc-raw-copy")}

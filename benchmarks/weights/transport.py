@@ -2,8 +2,10 @@
 
 A server process publishes one version (committed, so nothing is packed or hashed while it is
 fetched) and serves the same bytes as a bare gRPC stream. The client process fetches in turns,
-round by round: ``WeightStoreClient.fetch_into`` (checks every chunk and copies it into a
-buffer), the raw stream discarding the bytes, and the raw stream copying them into a buffer.
+round by round: ``WeightStoreClient.fetch_into`` over the weight data port (``rlkube``: every
+chunk checked and received straight into the buffer) and over gRPC (``rlkube-grpc``: checked,
+then copied out of its message), the raw stream discarding the bytes, and the raw stream copying
+them into a buffer.
 What separates rlkube from the copying raw stream is its own overhead; what separates the two
 raw streams is the one copy any receiver that keeps the bytes makes. Two plain TCP streams read
 with ``recv_into`` straight into the buffer (``tcp-recv-into``, and ``tcp-recv-into-xxh3`` with
@@ -39,7 +41,8 @@ def serve(megabytes: int, queue: Any) -> None:
     tensors = max(1, megabytes // 4)
     state = {"model": {f"w{i}": torch.randn(1 << 20) for i in range(tensors)}}  # 4 MiB each
     directory = Path("/dev/shm") / f"rlkube-bench-transport-{os.getpid()}"
-    publisher = WeightPublisher(PublisherConfig(shm_dir=directory, listen="127.0.0.1:0")).connect()
+    config = PublisherConfig(shm_dir=directory, listen="127.0.0.1:0", data_listen="127.0.0.1:0")
+    publisher = WeightPublisher(config).connect()
     publisher.send(state, version=1)
     layout = layout_of(state)
     flat = torch.empty(layout.total_bytes, dtype=torch.uint8)
@@ -64,13 +67,17 @@ def measure(addresses: tuple[str, str, str], rounds: int) -> dict[str, list[floa
     from benchmarks.weights.raw_stream import RawStreamReceiver, RawTcpReceiver
 
     store, raw, tcp_address = addresses
-    with WeightStoreClient(store).connect() as client:
+    with (
+        WeightStoreClient(store).connect() as client,
+        WeightStoreClient(store, use_data_port=False).connect() as over_grpc,
+    ):
         version = next(iter(client.watch(after=None, seconds=10)))
         dst = np.zeros(version.total_bytes, dtype=np.uint8)
         stream = RawStreamReceiver(raw)
         tcp = RawTcpReceiver(tcp_address, version.total_bytes)
         methods: dict[str, Callable[[], object]] = {
             "rlkube": lambda: client.fetch_into(version, dst, while_packing=False),
+            "rlkube-grpc": lambda: over_grpc.fetch_into(version, dst, while_packing=False),
             "grpc-raw": stream.receive,
             "grpc-raw-copy": lambda: stream.receive(dst),
             "tcp-recv-into": lambda: tcp.receive(dst),

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 from rlkube.launch.processes import RestartBackOff
+from rlkube.launch.signals import stop_on_signals
 
 from rlkube_devcluster import REPO
 from rlkube_devcluster.coordinators import FakeCoordinators
@@ -133,12 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     simulator = TrainingSimulator(cluster, coordinators, epoch_seconds=args.epoch_seconds)
     stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop_on_signals(stopping)
     try:
         operator.start()
         if args.simulate_training:

@@ -76,7 +76,12 @@ POD_ARGS = ["pod"]
 #: The init container that hands a hostPath weight directory to the image's user.
 WEIGHTS_DIR_INIT = "weights-dir"
 
-PORTS = {"rendezvous": c.MASTER_PORT, "coordinator": c.COORDINATOR_PORT, "weights": c.WEIGHT_PORT}
+PORTS = {
+    "rendezvous": c.MASTER_PORT,
+    "coordinator": c.COORDINATOR_PORT,
+    "weights": c.WEIGHT_PORT,
+    "weight-data": c.WEIGHT_DATA_PORT,
+}
 #: Every train and eval container declares its Prometheus endpoint under this port name (the
 #: chart's PodMonitor selects it); it is not in PORTS: Services and the job-only ingress skip it.
 METRICS_PORT_NAME = "metrics"
@@ -192,7 +197,7 @@ def render_train_service(job: RLJob, settings: RenderSettings) -> dict[str, Any]
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": role_labels(job, Role.TRAIN),
-            "ports": _service_ports(("rendezvous", "coordinator", "weights")),
+            "ports": _service_ports(("rendezvous", "coordinator", "weights", "weight-data")),
         },
     }
 
@@ -207,7 +212,7 @@ def render_coordinator_service(job: RLJob, settings: RenderSettings) -> dict[str
             "type": "ClusterIP",
             "publishNotReadyAddresses": True,
             "selector": {**role_labels(job, Role.TRAIN), LABEL_POD_NAME: rank0},
-            "ports": _service_ports(("coordinator", "weights")),
+            "ports": _service_ports(("coordinator", "weights", "weight-data")),
         },
     }
 
@@ -306,6 +311,7 @@ def contract_env(job: RLJob, role: Role, settings: RenderSettings) -> list[dict[
         "RLKUBE_JOB_CONFIG": c.JOB_CONFIG_PATH,
         "RLKUBE_BACKEND": with_pod_defaults(job, settings.pod_defaults).spec.resolved_backend().value,
         "RLKUBE_WEIGHT_PORT": str(c.WEIGHT_PORT),
+        "RLKUBE_WEIGHT_DATA_PORT": str(c.WEIGHT_DATA_PORT),
         "RLKUBE_METRICS_PORT": str(c.METRICS_PORT),
         "RLKUBE_TOKEN_FILE": c.TOKEN_PATH,
         "RLKUBE_LISTEN_HOST": c.LISTEN_ALL,

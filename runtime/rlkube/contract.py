@@ -27,6 +27,9 @@ MASTER_PORT = 29500
 COORDINATOR_PORT = 50051
 #: Every train rank serves its weights on this port, so Sharded fetches read from several ranks.
 WEIGHT_PORT = 50052
+#: Every train rank also serves the bytes of its weight versions here, over a plain socket (the
+#: weight data port, ``policy.weightBuffer.transport: tcp``); receivers learn it over gRPC.
+WEIGHT_DATA_PORT = 50054
 #: Every pod serves gRPC health checking (grpc.health.v1) here: kubelet's liveness and readiness
 #: probes (``rlkube.health``).
 HEALTH_PORT = 50053
@@ -116,6 +119,13 @@ ENV_CONTRACT: tuple[EnvVar, ...] = (
     EnvVar("RLKUBE_JOB_CONFIG", "Path of the job manifest (YAML).", "spec"),
     EnvVar("RLKUBE_BACKEND", "torch.distributed backend: `nccl` or `gloo`.", "spec", (Role.TRAIN,)),
     EnvVar("RLKUBE_WEIGHT_PORT", "Port on which every train rank serves its weights.", "spec"),
+    EnvVar(
+        "RLKUBE_WEIGHT_DATA_PORT",
+        f"Port of this rank's weight data port ({WEIGHT_DATA_PORT}; 0: one the kernel picks; receivers "
+        "learn it over gRPC).",
+        "spec",
+        (Role.TRAIN,),
+    ),
     EnvVar(
         "RLKUBE_TOKEN_FILE",
         "File holding the job's credential (one token a line: the first is sent, all are accepted).",
@@ -217,6 +227,8 @@ class PodEnv:
     run_dir: Path
     job_config: Path
     weight_port: int
+    #: The weight data port (train ranks; 0: one the kernel picks)
+    weight_data_port: int = 0
     #: Prometheus /metrics (0: not served)
     metrics_port: int = 0
     token_file: Path = Path(TOKEN_PATH)
@@ -255,6 +267,9 @@ def read_pod_env(environ: Mapping[str, str]) -> PodEnv:
         if value < minimum:
             problems.append(f"{name}={value} must be >= {minimum}")
         return value
+
+    def _set(name: str) -> bool:
+        return bool(environ.get(name, "").strip())
 
     raw_role = text("RLKUBE_ROLE")
     role = Role.TRAIN
@@ -300,6 +315,8 @@ def read_pod_env(environ: Mapping[str, str]) -> PodEnv:
             backend=backend,
             master_addr=text("MASTER_ADDR"),
             master_port=integer("MASTER_PORT", minimum=1),
+            # Optional: a pod rendered by an older operator lets the kernel pick it.
+            weight_data_port=integer("RLKUBE_WEIGHT_DATA_PORT") if _set("RLKUBE_WEIGHT_DATA_PORT") else 0,
         )
     if problems:
         raise EnvContractError("the pod's env contract is broken: " + "; ".join(problems))

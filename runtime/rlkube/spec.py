@@ -72,6 +72,13 @@ class WeightStrategy(StrEnum):
     SHARDED = "Sharded"
 
 
+class WeightTransport(StrEnum):
+    """How a version's bytes cross the network to a node's receiver; see docs/architecture-weights.md."""
+
+    TCP = "tcp"
+    GRPC = "grpc"
+
+
 class WeightBufferType(StrEnum):
     """RLightning's buffer class names, accepted so configs port unchanged; all share one implementation."""
 
@@ -197,7 +204,15 @@ class WeightBufferSpec(_Model):
         4 << 20,
         ge=64 << 10,
         le=256 << 20,
-        description="Bytes per gRPC message when streaming weights (default 4 MiB).",
+        description="Bytes per chunk when streaming weights, and the grid of the version checksum "
+        "(default 4 MiB).",
+    )
+    transport: WeightTransport = Field(
+        WeightTransport.TCP,
+        description="tcp: every train rank also serves the bytes on its weight data port, a plain "
+        "socket (mutual TLS when the job has certificates) read straight into the receiver's buffer; "
+        "the watch, the layout and the credential stay on gRPC, and a receiver that cannot reach "
+        "the port fetches over gRPC. grpc: every byte through gRPC (one more copy per byte on each side).",
     )
     pin_timeout_seconds: float = Field(
         30.0,

@@ -7,9 +7,12 @@ the result must read back through the pods' own contract parser (``read_pod_env`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
+import logging
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +164,27 @@ def test_rendered_env_names_only_service_addresses_the_box_rewrites() -> None:
         assert rewritten["RLKUBE_ROLE"] in (Role.TRAIN.value, Role.EVAL.value)
 
 
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def proxied(
+    upstream_handler: Handler, path: Path
+) -> AsyncIterator[tuple[ServiceProxy, asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A client connected through a ServiceProxy at ``path`` to a server running ``upstream_handler``."""
+    upstream = await asyncio.start_server(upstream_handler, "127.0.0.1", 0)
+    proxy = await ServiceProxy(path, upstream.sockets[0].getsockname()[1]).start()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(path))
+        try:
+            yield proxy, reader, writer
+        finally:
+            writer.close()
+    finally:
+        await proxy.close()
+        upstream.close()
+
+
 def test_the_service_proxy_forwards_a_unix_socket_to_the_port(tmp_path: Path) -> None:
     async def scenario() -> bytes:
         async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -168,18 +192,29 @@ def test_the_service_proxy_forwards_a_unix_socket_to_the_port(tmp_path: Path) ->
             await writer.drain()
             writer.close()
 
-        upstream = await asyncio.start_server(echo, "127.0.0.1", 0)
-        port = upstream.sockets[0].getsockname()[1]
-        proxy = await ServiceProxy(tmp_path / "s.sock", port).start()
-        try:
-            reader, writer = await asyncio.open_unix_connection(str(tmp_path / "s.sock"))
+        async with proxied(echo, tmp_path / "s.sock") as (_, reader, writer):
             writer.write(b"ping\n")
-            answer = await asyncio.wait_for(reader.readline(), 10)
-            writer.close()
-            return answer
-        finally:
-            await proxy.close()
-            upstream.close()
+            return await asyncio.wait_for(reader.readline(), 10)
 
     assert asyncio.run(scenario()) == b"ping\n"
     assert not (tmp_path / "s.sock").exists()
+
+
+def test_closing_the_service_proxy_ends_its_open_connections_without_logging_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> bytes:
+        held = asyncio.Event()
+
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.set()
+            await reader.read()  # until the proxy hangs up
+
+        async with proxied(hold, tmp_path / "s.sock") as (proxy, reader, _):
+            await asyncio.wait_for(held.wait(), 10)
+            await proxy.close()  # with the connection open
+            return await asyncio.wait_for(reader.read(), 10)
+
+    with caplog.at_level(logging.ERROR):
+        assert asyncio.run(scenario()) == b""  # the client sees the connection end
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -36,12 +36,12 @@ class Nodes:
         """Limit what leaves ``node`` to ``rate`` (a token bucket on its veth), e.g. ``"4mbit"``."""
         self.made.shape(node, rate=rate)
 
-    def send_queue(self, node: int, *, port: int, to: int) -> int:
-        """Bytes queued, not yet acknowledged, on ``node``'s TCP connections from local ``port`` to
-        node ``to``."""
+    def send_queue(self, node: int, *, to: int, port: int | None = None) -> int:
+        """Bytes queued, not yet acknowledged, on ``node``'s TCP connections (from local ``port``,
+        if given) to node ``to``."""
+        only = [f"( sport = :{port} )"] if port is not None else []
         result = subprocess.run(
-            ["ip", "netns", "exec", self.namespaces[node], "ss", "-tnH", "state", "established",
-             f"( sport = :{port} )"],
+            ["ip", "netns", "exec", self.namespaces[node], "ss", "-tnH", "state", "established", *only],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         queued = 0

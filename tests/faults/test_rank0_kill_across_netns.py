@@ -39,14 +39,14 @@ IN_FLIGHT_BYTES = 64 * 1024
 
 
 def wait_mid_transfer(run: LocalRun, nodes: Nodes, *, timeout: float) -> int:
-    """Rank 0's pid, once its server (coordinator and weight store) has weights queued for node 1
-    and the run is whole again (its standby of rank 0 warmed up, as a replaced pod is Ready)."""
-    port = int(run.cluster()["coordinator"].rpartition(":")[2])
+    """Rank 0's pid, once node 0 has weights queued for node 1 (on rank 0's weight data port, or
+    its WeightStore on the coordinator port: nothing else sends node 1 this much) and the run is
+    whole again (its standby of rank 0 warmed up, as a replaced pod is Ready)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert run.proc.poll() is None, "the run ended"
         whole = "small-train-0" in run.cluster().get("standby_ready", [])
-        if whole and nodes.send_queue(0, port=port, to=1) > IN_FLIGHT_BYTES:
+        if whole and nodes.send_queue(0, to=1) > IN_FLIGHT_BYTES:
             return run.pid_of("small-train-0")
         time.sleep(0.02)
     raise AssertionError(f"no weight transfer to node 1 seen within {timeout:.0f} s")

@@ -13,13 +13,20 @@ from tests.runtime.slow_env import ENV_ID as SLOW_ENV
 
 pytestmark = pytest.mark.slow
 
+
 # The handshake that puts the kill mid-run however fast the machine (a quiet one trains 12 epochs
-# in a few seconds, faster than a status poll can be sure to see one): every env holds after 208
-# steps until the test releases it. Fragments are 16 steps of a worker's 4 envs and an epoch is
-# 4 fragments, so each of the 2 workers stops after 11-13 fragments (measured: a little over 16
-# env steps per fragment): the run holds at epoch 5 or 6, past the checkpoint of epoch 4 and
-# before that of epoch 8.
-HELD_MID_RUN = {"hold_after_steps": 208}
+# in a few seconds, faster than a status poll can be sure to see one) and however the tasks fall
+# between the workers: every env of the run takes its steps from one budget of 23 fragments'
+# worth (a fragment is 16 steps of a worker's 4 envs), then holds until the test releases it. A
+# worker stopped mid-fragment leaves at most one fragment unfinished (the spent steps are a
+# whole number of fragments), so 22 or 23 fragments arrive: epoch 5 (20 fragments) is trained,
+# epoch 6 (24) is not; past the checkpoint of epoch 4 and before that of epoch 8.
+def held_mid_run(tmp_path: Path, release: Path) -> dict[str, object]:
+    return {
+        "step_budget": 23 * 4 * 16,
+        "budget_file": str(tmp_path / "steps-spent"),
+        "release_file": str(release),
+    }
 
 
 def test_no_acknowledged_fragment_is_lost_or_collected_twice_over_a_rank_0_kill(
@@ -34,7 +41,7 @@ def test_no_acknowledged_fragment_is_lost_or_collected_twice_over_a_rank_0_kill(
         runPolicy__backoffLimit=2,
         env__id=SLOW_ENV,
         env__imports=["tests.runtime.slow_env"],
-        env__kwargs=HELD_MID_RUN | {"release_file": str(release)},
+        env__kwargs=held_mid_run(tmp_path, release),
     )
     run = LocalRun(job, tmp_path / "run")
     local_run.append(run)
@@ -68,7 +75,7 @@ def test_the_async_engine_loses_no_acknowledged_fragment_over_a_rank_0_kill(
         runPolicy__backoffLimit=2,
         env__id=SLOW_ENV,
         env__imports=["tests.runtime.slow_env"],
-        env__kwargs=HELD_MID_RUN | {"release_file": str(release)},
+        env__kwargs=held_mid_run(tmp_path, release),
     )
     run = LocalRun(job, tmp_path / "run")
     local_run.append(run)

@@ -16,6 +16,7 @@ from rlkube.envs.types import EnvMeta
 from rlkube.spec import PolicySpec
 from tensordict import TensorDict
 
+from tests.ddp import leave_process_group
 from tests.porting.own_policies import CheckpointingPolicy, OwnDDPPolicy, UnusedHeadPolicy
 
 META = EnvMeta(
@@ -55,20 +56,25 @@ SCENARIOS = (("UnusedHeadPolicy", True), ("OwnDDPPolicy", True), ("UnusedHeadPol
 def _train_scenarios(rank: int, world: int, port: int, out: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    classes = {"UnusedHeadPolicy": UnusedHeadPolicy, "OwnDDPPolicy": OwnDDPPolicy}
     try:
         for name, unused in SCENARIOS:
-            policy = type(name, (classes[name],), {"ddp_find_unused_parameters": unused})(spec(), "train")
-            try:
-                policy.init_train(None, env_meta=META)
-                for step in range(2):  # an unused parameter breaks DDP on the second step, if at all
-                    policy.update_dataset(batch(seed=rank * 10 + step))
-                    policy.train()
-                out.put(((name, unused), rank, "ok", policy.get_param_fingerprint()))
-            except Exception as exc:
-                out.put(((name, unused), rank, f"{type(exc).__name__}: {exc}", {}))
+            out.put(((name, unused), rank, *_train_scenario(name, unused, rank)))
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
+
+
+def _train_scenario(name: str, unused: bool, rank: int) -> tuple[str, dict[str, float]]:
+    """(status, fingerprint); the policy and its DDP module end with this call."""
+    classes = {"UnusedHeadPolicy": UnusedHeadPolicy, "OwnDDPPolicy": OwnDDPPolicy}
+    policy = type(name, (classes[name],), {"ddp_find_unused_parameters": unused})(spec(), "train")
+    try:
+        policy.init_train(None, env_meta=META)
+        for step in range(2):  # an unused parameter breaks DDP on the second step, if at all
+            policy.update_dataset(batch(seed=rank * 10 + step))
+            policy.train()
+        return "ok", policy.get_param_fingerprint()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}", {}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +95,7 @@ def two_ranks() -> dict[tuple[str, bool], list[tuple[str, dict[str, float]]]]:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]  # both ranks left the group cleanly
     by_scenario: dict[tuple[str, bool], list[tuple[str, dict[str, float]]]] = {}
     for scenario, _rank, status, fingerprint in sorted(results, key=lambda r: (r[0], r[1])):
         by_scenario.setdefault(scenario, []).append((status, fingerprint))

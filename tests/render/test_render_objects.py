@@ -84,7 +84,12 @@ def test_headless_train_service_publishes_not_ready_addresses() -> None:
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {c.LABEL_JOB: "cartpole", c.LABEL_ROLE: "train"}
-    assert {p["port"] for p in service["spec"]["ports"]} == {c.MASTER_PORT, c.COORDINATOR_PORT, c.WEIGHT_PORT}
+    assert {p["port"] for p in service["spec"]["ports"]} == {
+        c.MASTER_PORT,
+        c.COORDINATOR_PORT,
+        c.WEIGHT_PORT,
+        c.WEIGHT_DATA_PORT,
+    }
 
 
 def test_coordinator_service_selects_train_rank_zero() -> None:
@@ -95,6 +100,30 @@ def test_coordinator_service_selects_train_rank_zero() -> None:
         "statefulset.kubernetes.io/pod-name": "cartpole-train-0",
     }
     assert c.coordinator_addr("cartpole", "rl") == f"cartpole-coordinator.rl.svc:{c.COORDINATOR_PORT}"
+    # Receivers reach rank 0's weight data port at the host they reached its WeightStore at.
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert ports == {
+        "coordinator": c.COORDINATOR_PORT,
+        "weights": c.WEIGHT_PORT,
+        "weight-data": c.WEIGHT_DATA_PORT,
+    }
+
+
+def test_train_pods_declare_the_weight_data_port_and_tell_the_process_its_number() -> None:
+    pod = r.render_train_statefulset(job(), SETTINGS)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert {"name": "weight-data", "containerPort": c.WEIGHT_DATA_PORT, "protocol": "TCP"} in container[
+        "ports"
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RLKUBE_WEIGHT_DATA_PORT"] == str(c.WEIGHT_DATA_PORT)
+    eval_env = {
+        e["name"]
+        for e in r.render_eval_statefulset(job(), SETTINGS)["spec"]["template"]["spec"]["containers"][0][
+            "env"
+        ]
+    }
+    assert "RLKUBE_WEIGHT_DATA_PORT" not in eval_env  # eval pods serve no weights
 
 
 def test_train_statefulset_is_parallel_with_replicas_from_the_spec() -> None:
@@ -322,7 +351,12 @@ def test_network_policy_admits_only_the_jobs_pods_and_the_operator() -> None:
     # Only pods the operator rendered carry rlkube.io/job-pod (the CRD refuses it in user overrides).
     job_pods = {c.LABEL_JOB: "cartpole", c.LABEL_JOB_POD: "cartpole"}
     assert own["from"] == [{"podSelector": {"matchLabels": job_pods}}]
-    assert {p["port"] for p in own["ports"]} == {c.MASTER_PORT, c.COORDINATOR_PORT, c.WEIGHT_PORT}
+    assert {p["port"] for p in own["ports"]} == {
+        c.MASTER_PORT,
+        c.COORDINATOR_PORT,
+        c.WEIGHT_PORT,
+        c.WEIGHT_DATA_PORT,
+    }
     assert operator["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ops"}
     assert operator["ports"] == [{"protocol": "TCP", "port": c.COORDINATOR_PORT}]
     # The one port open to anyone: read-only Prometheus metrics, for whatever scrapes the cluster.

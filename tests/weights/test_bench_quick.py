@@ -22,7 +22,13 @@ def test_the_quick_weights_benchmark_runs_and_writes_one_row_per_measurement(tmp
     for row in rows:
         assert row.keys() >= REQUIRED
     methods = {(r["scenario"], r["method"]) for r in rows}
-    assert {("a", "rlkube"), ("b", "rlkube"), ("b", "grpc-raw"), ("a", "memcpy-bound")} <= methods
+    assert {
+        ("a", "rlkube"),
+        ("b", "rlkube"),
+        ("b", "rlkube-grpc"),
+        ("b", "grpc-raw"),
+        ("a", "memcpy-bound"),
+    } <= methods
     assert any(r["method"] == "rlkube-rollout-blocked" and r["updates"] > 0 for r in rows)
     remote = [r for r in rows if r["scenario"] == "b" and r["method"] == "rlkube"]
     assert all(r["net_bytes_per_version"] > 0 for r in remote)
@@ -52,7 +58,14 @@ def test_the_transport_benchmark_compares_the_fetch_with_both_raw_streams(tmp_pa
     before = set(Path("/dev/shm").glob("rlkube-bench-*"))
     proc = run_bench("transport", "--megabytes", "8", "--rounds", "2", "--json", str(out), timeout=300)
     seconds = json.loads(out.read_text())["seconds"]
-    assert set(seconds) == {"rlkube", "grpc-raw", "grpc-raw-copy", "tcp-recv-into", "tcp-recv-into-xxh3"}
+    assert set(seconds) == {
+        "rlkube",
+        "rlkube-grpc",
+        "grpc-raw",
+        "grpc-raw-copy",
+        "tcp-recv-into",
+        "tcp-recv-into-xxh3",
+    }
     assert all(len(v) == 2 and min(v) > 0 for v in seconds.values())
     assert "grpc-raw-copy" in proc.stdout
     assert set(Path("/dev/shm").glob("rlkube-bench-*")) == before

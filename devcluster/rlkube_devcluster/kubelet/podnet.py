@@ -15,6 +15,8 @@ variable (value rendered by the operator)      value the process gets
 ``RLKUBE_WEIGHT_PORT`` (50052)                 train rank r: the job's weight port of rank r (every
                                                rank serves weights, so each needs its own);
                                                eval pods: rank 0's
+``RLKUBE_WEIGHT_DATA_PORT`` (50054)            ``0``: the kernel picks one per train rank (receivers
+                                               learn it over gRPC, at the weight server's host)
 ``RLKUBE_METRICS_PORT`` (8000)                 a port per pod (role, index): every pod serves
                                                ``/metrics``, and here they share one host
 =============================================  ===============================================
@@ -83,6 +85,8 @@ def cluster_addresses(env: Mapping[str, str], *, job: str, namespace: str, ports
         train = env.get("RLKUBE_ROLE") == contract.Role.TRAIN.value
         rank = int(env.get("RLKUBE_REPLICA_INDEX", "0") or 0) if train else 0
         out["RLKUBE_WEIGHT_PORT"] = str(ports.weight(rank))
+    if env.get("RLKUBE_WEIGHT_DATA_PORT") == str(contract.WEIGHT_DATA_PORT):
+        out["RLKUBE_WEIGHT_DATA_PORT"] = "0"
     if env.get("RLKUBE_METRICS_PORT") == str(contract.METRICS_PORT):
         pod = (env.get("RLKUBE_ROLE", ""), env.get("RLKUBE_REPLICA_INDEX", ""))
         out["RLKUBE_METRICS_PORT"] = str(ports.metrics_port(pod))
@@ -158,6 +162,10 @@ class ServiceProxy:
                 await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
             finally:
                 upstream_writer.close()
+        except asyncio.CancelledError:
+            # close() ended this connection. Python 3.11's stream server asks a cancelled handler
+            # task for its exception and logs the CancelledError as an error; ending here does not.
+            return
         finally:
             writer.close()
             self._tasks.discard(task)

@@ -139,6 +139,18 @@ class WeightChunk(_message.Message):
     checksum: int
     def __init__(self, version: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ...) -> None: ...
 
+class GetDataPortRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DataPort(_message.Message):
+    __slots__ = ("port", "tls")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    tls: bool
+    def __init__(self, port: _Optional[int] = ..., tls: _Optional[bool] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
     __slots__ = ("role", "pod_name", "node_name", "replica_index", "num_envs", "previous_worker_id")
     ROLE_FIELD_NUMBER: _ClassVar[int]

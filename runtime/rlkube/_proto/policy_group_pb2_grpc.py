@@ -51,6 +51,11 @@ class WeightStoreStub:
                 request_serializer=policy__group__pb2.FetchWeightsRequest.SerializeToString,
                 response_deserializer=policy__group__pb2.WeightChunk.FromString,
                 _registered_method=True)
+        self.GetDataPort = channel.unary_unary(
+                '/rlkube.v1.WeightStore/GetDataPort',
+                request_serializer=policy__group__pb2.GetDataPortRequest.SerializeToString,
+                response_deserializer=policy__group__pb2.DataPort.FromString,
+                _registered_method=True)
 
 
 class WeightStoreServicer:
@@ -75,6 +80,12 @@ class WeightStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDataPort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WeightStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +103,11 @@ def add_WeightStoreServicer_to_server(servicer, server):
                     servicer.FetchWeights,
                     request_deserializer=policy__group__pb2.FetchWeightsRequest.FromString,
                     response_serializer=policy__group__pb2.WeightChunk.SerializeToString,
+            ),
+            'GetDataPort': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDataPort,
+                    request_deserializer=policy__group__pb2.GetDataPortRequest.FromString,
+                    response_serializer=policy__group__pb2.DataPort.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +192,33 @@ class WeightStore:
             '/rlkube.v1.WeightStore/FetchWeights',
             policy__group__pb2.FetchWeightsRequest.SerializeToString,
             policy__group__pb2.WeightChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDataPort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlkube.v1.WeightStore/GetDataPort',
+            policy__group__pb2.GetDataPortRequest.SerializeToString,
+            policy__group__pb2.DataPort.FromString,
             options,
             channel_credentials,
             insecure,

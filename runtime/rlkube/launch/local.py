@@ -179,6 +179,7 @@ def pod_env(layout: Layout, role: Role, index: int, *, metrics_port: int = 0) ->
         master = layout.netns[0].address if layout.netns else "127.0.0.1"
         env |= {
             "RLKUBE_BACKEND": spec.resolved_backend(cuda_available=_cuda_available()).value,
+            "RLKUBE_WEIGHT_DATA_PORT": "0",  # the kernel picks it; receivers learn it over gRPC
             "WORLD_SIZE": str(world),
             "RANK": str(index),
             "LOCAL_RANK": "0",

@@ -22,7 +22,6 @@ import gc
 import inspect
 import logging
 import os
-import signal
 import sys
 import threading
 import traceback
@@ -35,6 +34,7 @@ from rlkube.failure import describe_exception
 from rlkube.health import POD
 from rlkube.jobfile import load_job
 from rlkube.launch.processes import die_with_supervisor, wait_as_standby
+from rlkube.launch.signals import stop_on_signals
 from rlkube.launch.termination import write_termination_message
 from rlkube.spec import RLJob, SpecError
 
@@ -73,13 +73,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     policy_cls = checks.policy_cls
     assert policy_cls is not None
     stop = threading.Event()
-
-    def on_sigterm(signum: int, _frame: object) -> None:
-        logger.info("received %s: stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    signal.signal(signal.SIGINT, on_sigterm)
+    stop_on_signals(stop)  # SIGTERM and SIGINT, however many (rlkube.launch.signals says why)
     POD.serve()  # liveness now; readiness when the role says so
     try:
         return run_role(job, env, policy_cls, stop)

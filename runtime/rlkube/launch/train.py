@@ -124,6 +124,7 @@ def open_publisher(
             advertise=advertised(env),
             peers=peers,
             incarnation=incarnation,
+            data_listen=f"{env.listen_host}:{env.weight_data_port}",
         )
         try:
             return WeightPublisher(config).connect()

@@ -52,16 +52,28 @@ FETCH_SERVED_SECONDS = Histogram(
 SERVED_BYTES = Counter(
     "rlkube_weights_served_bytes", "Weight bytes streamed to remote receivers.", registry=TRAIN
 )
+DATA_PORT_SERVING = Gauge(
+    "rlkube_weights_data_port_serving",
+    "1 while this rank serves its weight data port; 0 when remote receivers fetch its bytes over "
+    "gRPC (transport grpc, or the port could not be bound: the rank's log says why).",
+    registry=TRAIN,
+)
 
 # --- eval workers: the node receiver and loads from the stream --------------------------------
 FETCH_SECONDS = Histogram(
     "rlkube_weights_fetch_seconds",
-    "Time to fetch and verify one version over gRPC (node receiver, or a load from the stream).",
+    "Time to fetch and verify one version (node receiver over the weight data port or gRPC, or a load "
+    "from the stream).",
     buckets=LATENCY_BUCKETS,
     registry=EVAL,
 )
 FETCHED_BYTES = Counter(
     "rlkube_weights_fetched_bytes", "Weight bytes received over the network.", registry=EVAL
+)
+DATA_PORT_FALLBACKS = Counter(
+    "rlkube_weights_data_port_fallbacks",
+    "Times a train rank's weight data port could not be reached and its bytes were fetched over gRPC.",
+    registry=EVAL,
 )
 RESTARTS = Gauge(
     "rlkube_eval_restarts",

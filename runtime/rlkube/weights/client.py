@@ -1,41 +1,47 @@
 """A WeightStore client: watch versions, read layouts, fetch byte ranges straight into a buffer.
 
-I/O (gRPC). Constructing it does nothing; :meth:`WeightStoreClient.connect` opens the channel.
-Every call carries a deadline. :meth:`fetch_into` checks every chunk (version, offset, order,
-bounds, xxh3) before its bytes are copied, once, into the destination; any mismatch raises
-:class:`IntegrityError` naming the version and offset.
+I/O (gRPC, and the rank's weight data port). Constructing it does nothing;
+:meth:`WeightStoreClient.connect` opens the channel. Every call carries a deadline.
+:meth:`fetch_into` fetches over the rank's weight data port when it has one
+(:mod:`rlkube.weights.data_port`: each chunk received straight into the destination), else over
+gRPC (each chunk copied once from its message), and falls back to gRPC when the port cannot be
+reached. Either way every chunk is checked (version, offset, order, bounds before its bytes land,
+xxh3; :class:`RangeChecks`); any mismatch raises :class:`IntegrityError` naming the version and offset.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.metrics import series as metrics
 from rlkube.security.credential import Credential, process_credential
 from rlkube.security.grpc_auth import open_channel
 from rlkube.weight_key import WeightKey
-from rlkube.weights.copies import checksum, copy_message_into_slot
+from rlkube.weights.copies import copy_message_into_slot
+from rlkube.weights.data_port import DataPortConnection, DataPortUnreachable
 from rlkube.weights.errors import FetchError, IntegrityError
+from rlkube.weights.fetch_checks import FetchResult, RangeChecks
 from rlkube.weights.layout import WeightLayout
 from rlkube.weights.wire import (
     CHANNEL_OPTIONS,
+    DATA_PORT_METHOD,
     FETCH_METHOD,
     LAYOUT_METHOD,
     WATCH_METHOD,
     decode_chunk,
 )
 
+logger = logging.getLogger(__name__)
 
-@dataclass
-class FetchResult:
-    nbytes: int
-    chunks: int
-    #: The version's checksum from the commit chunk of a ``while_packing`` fetch (else None).
-    root: int | None = None
+
+#: How long a client fetches over gRPC after finding a rank's data port absent or unreachable.
+DATA_PORT_RETRY_SECONDS = 30.0
 
 
 class WeightStoreClient:
@@ -48,8 +54,15 @@ class WeightStoreClient:
         rpc_timeout: float = 30.0,
         bytes_per_second_floor: float = 50e6,
         credential: Credential | None = None,
+        use_data_port: bool = True,
     ) -> None:
         self.address = address
+        #: Fetch over the rank's weight data port when it offers one (else every byte over gRPC).
+        self.use_data_port = use_data_port
+        self._data: DataPortConnection | None = None
+        self._data_retry_at = 0.0
+        #: Bytes this client fetched over the data port (the rest came over gRPC).
+        self.fetched_over_data_port = 0
         #: Presented on every call (default: this process's, from the env contract).
         self.credential = credential if credential is not None else process_credential()
         self.rpc_timeout = rpc_timeout
@@ -75,9 +88,17 @@ class WeightStoreClient:
                 request_serializer=pb.FetchWeightsRequest.SerializeToString,
                 response_deserializer=None,  # raw bytes: decoded by wire.decode_chunk without copying
             )
+            self._data_port_rpc = self._channel.unary_unary(
+                DATA_PORT_METHOD,
+                request_serializer=pb.GetDataPortRequest.SerializeToString,
+                response_deserializer=pb.DataPort.FromString,
+            )
         return self
 
     def close(self) -> None:
+        if self._data is not None:
+            self._data.close()
+            self._data = None
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -138,6 +159,45 @@ class WeightStoreClient:
         finally:
             call.cancel()
 
+    def data_port(self) -> DataPortConnection | None:
+        """The rank's weight data port, when it has one this client may use (asked once over gRPC).
+
+        None: this client fetches over gRPC (``use_data_port`` off, a rank serving gRPC only, an
+        older rank without GetDataPort, a TLS mismatch, or a port found unreachable in the last
+        :data:`DATA_PORT_RETRY_SECONDS`).
+        """
+        assert self._channel is not None, "connect() first"
+        if self._data is not None or not self.use_data_port or time.monotonic() < self._data_retry_at:
+            return self._data
+        host, _, _ = self.address.rpartition(":")
+        if not host or "/" in host:  # unix:// and other non-TCP targets have no data port
+            self.use_data_port = False
+            return None
+        try:
+            info = self._data_port_rpc(pb.GetDataPortRequest(), timeout=self.rpc_timeout)
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise self._error("GetDataPort", exc) from exc
+            info = pb.DataPort()  # an older rank, or a store whose publisher is not serving yet
+        if not info.port:
+            self._data_retry_at = time.monotonic() + DATA_PORT_RETRY_SECONDS
+            return None
+        try:
+            self._data = DataPortConnection(
+                host.strip("[]"), info.port, credential=self.credential, tls=info.tls
+            )
+        except DataPortUnreachable as exc:
+            self._data_unreachable(exc)
+        return self._data
+
+    def _data_unreachable(self, exc: DataPortUnreachable) -> None:
+        logger.warning("%s; fetching from %s over gRPC", exc, self.address)
+        metrics.DATA_PORT_FALLBACKS.inc()
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        self._data_retry_at = time.monotonic() + DATA_PORT_RETRY_SECONDS
+
     def fetch_into(
         self,
         version: pb.WeightVersion,
@@ -150,10 +210,13 @@ class WeightStoreClient:
     ) -> FetchResult:
         """Fetch ``[offset, offset+length)`` of ``version`` into ``dst[offset:offset+length]`` (uint8).
 
-        Chunks follow the version's checksum grid (``version.chunk_bytes``; ``offset`` must be on
-        it). Each chunk is checked (version, order, size, xxh3) before its bytes are copied once;
-        its verified digest goes to ``digests[offset]``, from which the caller checks the
-        version's hash-list root without reading the bytes again.
+        Over the rank's weight data port when it has one (each chunk received straight into
+        ``dst``), else over gRPC (each chunk copied once from its message); the checks are the
+        same (:class:`RangeChecks`). Chunks follow the version's checksum grid
+        (``version.chunk_bytes``; ``offset`` must be on it). Each chunk is checked (version,
+        order, size before its bytes land, then xxh3); its verified digest goes to
+        ``digests[offset]``, from which the caller checks the version's hash-list root without
+        reading the bytes again.
 
         ``while_packing`` (default: when the version is announced with checksum 0, still being
         packed): chunks arrive as the trainer packs them, and the stream ends with the commit
@@ -182,49 +245,40 @@ class WeightStoreClient:
             while_packing=while_packing,
         )
         where = f"version {version.incarnation}/{version.version} from {self.address}"
-        expected = offset
-        chunks = 0
-        root: int | None = None
-        call = self._fetch(request, timeout=self.rpc_timeout + (end - offset) / self.bytes_per_second_floor)
+        checks = RangeChecks(
+            version, offset=offset, end=end, while_packing=while_packing, where=where, digests=digests
+        )
+        timeout = self.rpc_timeout + (end - offset) / self.bytes_per_second_floor
+        for _ in range(2):  # a port learnt earlier may be gone (the rank restarted): ask once more
+            known = self._data is not None
+            data_port = self.data_port()
+            if data_port is None:
+                break
+            try:
+                data_port.fetch_into(
+                    request, memoryview(dst.data), checks, deadline=time.monotonic() + timeout
+                )
+                self.fetched_over_data_port += end - offset
+                return checks.result()
+            except DataPortUnreachable as exc:
+                if not known:
+                    self._data_unreachable(exc)
+                    break
+                data_port.close()
+                self._data = None
+        call = self._fetch(request, timeout=timeout)
         try:
             for message in call:
                 chunk = decode_chunk(message)
-                n = len(chunk.data)
-                if chunk.version != version.version:
-                    raise IntegrityError(f"{where}: received a chunk of version {chunk.version}")
-                if root is not None:
-                    raise IntegrityError(f"{where}: a chunk at offset {chunk.offset} after the commit")
-                if while_packing and n == 0 and chunk.offset == end == expected:
-                    root = chunk.checksum  # the commit chunk
+                if checks.is_commit(chunk.offset, len(chunk.data)):
+                    checks.commit(chunk.version, chunk.offset, chunk.checksum)
                     continue
-                if chunk.offset != expected:
-                    raise IntegrityError(
-                        f"{where}: chunk at offset {chunk.offset}, expected offset {expected}"
-                    )
-                if n != min(grid, version.total_bytes - expected) or expected + n > end:
-                    raise IntegrityError(
-                        f"{where}: chunk at offset {chunk.offset} has {n} bytes; the grid is {grid} "
-                        f"and the range ends at {end}"
-                    )
-                if checksum(chunk.data) != chunk.checksum:
-                    raise IntegrityError(
-                        f"{where}: chunk at offset {chunk.offset} ({n} bytes) fails its checksum"
-                    )
-                copy_message_into_slot(dst[expected : expected + n], chunk.data)
-                if digests is not None:
-                    digests[expected] = chunk.checksum
-                expected += n
-                chunks += 1
+                at = checks.expected
+                checks.head(chunk.version, chunk.offset, len(chunk.data))
+                checks.verify(chunk.data, chunk.checksum)
+                copy_message_into_slot(dst[at : at + len(chunk.data)], chunk.data)
         except grpc.RpcError as exc:
             raise self._error(f"FetchWeights({where})", exc) from exc
         finally:
             call.cancel()
-        if expected != end:
-            raise IntegrityError(f"{where}: truncated: received {expected - offset} of {end - offset} bytes")
-        if while_packing and root is None and not version.checksum:
-            raise IntegrityError(f"{where}: the stream ended without the version's commit")
-        if root is not None and version.checksum and root != version.checksum:
-            raise IntegrityError(
-                f"{where}: committed with checksum {root:016x}, announced {version.checksum:016x}"
-            )
-        return FetchResult(end - offset, chunks, root)
+        return checks.result()

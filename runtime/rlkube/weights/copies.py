@@ -11,6 +11,8 @@ copy_piece_into_slot      the same, streaming: per tensor and chunk   (instead o
 copy_resident_into_slot   trainer, after the flip: slot -> next slot  1, off the critical path
 copy_slot_into_message    weight server: slot -> gRPC message         1 per fetching node
 copy_message_into_slot    node receiver: gRPC message -> slot         1 per node
+send_slot_to_socket       weight data port: slot -> socket (kernel)   1 per fetching node
+receive_socket_into_slot  node receiver: socket -> slot (kernel)      1 per node
 copy_slot_into_shadow     eval, copy mode only (accelerators)         1 per eval policy
 copy_buffer_into_params   eval, strategy None only                    1 per eval policy
 ========================  ==========================================  =====================
@@ -20,7 +22,9 @@ trainer whose tensors are *resident* (they are views of the slot being written, 
 :mod:`rlkube.weights.resident`) copies nothing before the flip either: :func:`in_place` tells
 the two copies above that the source already is the destination, and they return at once.
 (gRPC itself copies once more on each side, between its slices and Python ``bytes``; the raw
-gRPC stream in ``rlkube bench weights`` pays the same.) ``checksum_*`` are full passes over
+gRPC stream in ``rlkube bench weights`` pays the same. The weight data port replaces the two
+gRPC rows with the two socket rows: the kernel copies between the slot and its socket buffers,
+and nothing is copied in user space.) ``checksum_*`` are full passes over
 the bytes, not copies, and are counted the same way.
 
 Counters are per process; :data:`COPIES` is read by tests and the benchmark.
@@ -29,6 +33,7 @@ Counters are per process; :data:`COPIES` is read by tests and the benchmark.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -147,6 +152,37 @@ def copy_slot_into_message(prefix: bytes, data: memoryview, suffix: bytes) -> by
     message = b"".join((prefix, data, suffix))
     COPIES.add("copy_slot_into_message", len(data))
     return message
+
+
+def send_slot_to_socket(sock: Any, data: memoryview) -> None:
+    """Weight data port: a chunk of a slot written to a socket (the kernel's copy; none in Python)."""
+    sock.sendall(data)
+    COPIES.add("send_slot_to_socket", len(data))
+
+
+def recv_exactly_into(sock: Any, dst: memoryview, *, deadline: float) -> None:
+    """Exactly ``len(dst)`` bytes from a socket into ``dst`` (``recv_into``, no copy of our own).
+
+    Raises ``ConnectionError`` if the peer closes first and ``TimeoutError`` past ``deadline``
+    (``time.monotonic()``). Not counted: the weight data port's frame heads and requests use it
+    as is; a chunk's bytes go through :func:`receive_socket_into_slot`.
+    """
+    got, n = 0, len(dst)
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"timed out with {got} of {n} bytes received")
+        sock.settimeout(left)
+        read = sock.recv_into(dst[got:], n - got)
+        if read == 0:
+            raise ConnectionError(f"the connection closed after {got} of {n} bytes")
+        got += read
+
+
+def receive_socket_into_slot(sock: Any, dst: memoryview, *, deadline: float) -> None:
+    """Node receiver: a chunk's bytes from a socket straight into the slot (see recv_exactly_into)."""
+    recv_exactly_into(sock, dst, deadline=deadline)
+    COPIES.add("receive_socket_into_slot", len(dst))
 
 
 def copy_message_into_slot(dst: np.ndarray, data: memoryview) -> None:

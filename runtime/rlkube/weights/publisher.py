@@ -42,6 +42,7 @@ import torch
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
+from rlkube.spec import WeightTransport
 from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import (
     COPIES,
@@ -51,6 +52,7 @@ from rlkube.weights.copies import (
     copy_tensor_into_slot,
     hash_list_root,
 )
+from rlkube.weights.data_port import DataPortServer
 from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.layout import (
     Destinations,
@@ -84,6 +86,10 @@ class PublisherConfig:
     advertise: str | None = None
     #: WeightStore addresses of the other train ranks, announced as extra sources (Sharded).
     peers: tuple[str, ...] = ()
+    #: "host:port" of the weight data port (port 0 picks a free one): the same versions over a
+    #: plain socket, straight from slot to slot (rlkube.weights.data_port); None: gRPC only.
+    #: Receivers learn the port from the WeightStore (GetDataPort), at the host they reached it at.
+    data_listen: str | None = None
     #: How long send() waits for eval readers to leave the slot it must overwrite; then it
     #: reclaims the slot from them (see rlkube.weights.shm), never failing for a hung reader.
     slot_wait_timeout: float = 30.0
@@ -117,11 +123,16 @@ class PublisherConfig:
         advertise: str | None = None,
         peers: tuple[str, ...] = (),
         incarnation: str | None = None,
+        data_listen: str | None = None,
     ) -> PublisherConfig:
-        """The configuration of a train rank from ``job.spec.policy.weight_buffer`` and the env contract."""
+        """The configuration of a train rank from ``job.spec.policy.weight_buffer`` and the env contract.
+
+        ``data_listen`` is used only when the spec's transport is ``tcp``.
+        """
         return cls(
             shm_dir=Path(shm_dir),
             listen=listen,
+            data_listen=data_listen if spec.transport is WeightTransport.TCP else None,
             advertise=advertise,
             peers=tuple(peers),
             incarnation=incarnation,
@@ -139,6 +150,7 @@ class WeightPublisher:
         self.writer = ShmWriter(config.shm_dir, slot_wait_timeout=config.slot_wait_timeout)
         self.board = VersionBoard(self.writer, watch_seconds=config.watch_seconds)
         self._server: grpc.Server | None = None
+        self._data_server: DataPortServer | None = None
         self._attach: FileLock | None = None
         self._trainer_lock: FileLock | None = None
         self.port: int | None = None
@@ -188,6 +200,18 @@ class WeightPublisher:
             self._server, self.port = serve_weight_store(
                 self.board, self.config.listen, max_workers=self.config.max_workers
             )
+        if self.config.data_listen is not None:
+            try:
+                self._data_server = DataPortServer(self.board, self.config.data_listen).start()
+            except OSError as exc:  # the fast path is optional: receivers fetch over gRPC instead
+                logger.error(
+                    "cannot serve the weight data port on %s (%s); remote receivers fetch over gRPC",
+                    self.config.data_listen,
+                    exc,
+                )
+            else:
+                self.board.data_port = self._data_server.describe()
+        metrics.DATA_PORT_SERVING.set(1 if self._data_server is not None else 0)
         return self
 
     @property
@@ -202,6 +226,10 @@ class WeightPublisher:
         self._mover.shutdown(wait=True)
         self.board.close()
         self._pool.shutdown(wait=True)
+        if self._data_server is not None:
+            self.board.data_port = pb.DataPort()
+            self._data_server.close()
+            self._data_server = None
         if self._server is not None:
             self._server.stop(grace=1.0).wait(5.0)
             self._server = None

@@ -27,11 +27,12 @@ Fetches still reading at the commit are covered by the slot's shared pin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -109,6 +110,14 @@ class VersionBoard:
         self._peer_fetches_while_packing = False
         self.stats = ServeStats()
         self.bytes_by_peer: Counter[str] = Counter()
+        #: What GetDataPort answers: the weight data port serving this board (port 0: none).
+        self.data_port = pb.DataPort()
+
+    def served(self, peer: str, nbytes: int) -> None:
+        """Count ``nbytes`` sent to ``peer`` (any transport)."""
+        self.stats.bytes += nbytes
+        self.bytes_by_peer[peer] += nbytes
+        metrics.SERVED_BYTES.inc(nbytes)
 
     # -- streaming while packing
     def wants_streaming(self) -> bool:
@@ -352,6 +361,148 @@ class VersionBoard:
         return value
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One chunk of a fetch, whatever carries it: ``data`` is a view of the slot (no copy).
+
+    ``commit``: the piece that ends a ``while_packing`` fetch: no data, ``offset`` = the range's
+    end, ``checksum`` = the version's root.
+    """
+
+    version: int
+    offset: int
+    data: memoryview
+    checksum: int
+    commit: bool = False
+
+
+class FetchRefused(Exception):
+    """A fetch the board will not (or no longer) serve; every transport answers it with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def fetch_pieces(
+    board: VersionBoard, request: pb.FetchWeightsRequest, *, peer: str, active: Callable[[], bool]
+) -> Generator[Piece, None, None]:
+    """The pieces of ``request`` from ``board``: the one fetch logic of every weight transport.
+
+    The gRPC WeightStore frames each piece as a ``WeightChunk`` message, the weight data port
+    (:mod:`rlkube.weights.data_port`) writes it to its socket. Raises :class:`FetchRefused`
+    (NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, ABORTED) before or between pieces; ``active``
+    says whether the caller is still there (a wait for a chunk being packed ends when it is not).
+    """
+    latest = board.latest()
+    incarnation = request.incarnation or (latest.incarnation if latest is not None else "")
+    if request.while_packing:
+        board.fetched_while_packing()
+        record = board.join(WeightKey(incarnation, request.version), wait=PEER_WAIT_SECONDS)
+        if record is not None:
+            try:
+                yield from _pieces_while_packing(board, record, request, peer=peer, active=active)
+            finally:
+                board.leave(record)
+            return
+    pinned = board.pin(incarnation, request.version, wait=PEER_WAIT_SECONDS)
+    if pinned is None:
+        newest = f"{latest.incarnation}/{latest.version}" if latest is not None else "none"
+        raise FetchRefused(
+            grpc.StatusCode.NOT_FOUND,
+            f"version {incarnation}/{request.version} is not served here (newest: {newest})",
+        )
+    try:
+        meta = pinned.meta
+        if request.layout_digest and request.layout_digest != meta.digest:
+            raise FetchRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"version {request.version} has layout {meta.digest}, not {request.layout_digest}",
+            )
+        start = int(request.offset)
+        end = meta.length if request.length == 0 else start + int(request.length)
+        if start > end or end > meta.length:
+            raise FetchRefused(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"range [{start}, {end}) is outside version {request.version} ({meta.length} bytes)",
+            )
+        step = int(request.chunk_bytes) or DEFAULT_CHUNK_BYTES
+        step = max(1, min(step, MAX_MESSAGE_BYTES - (64 << 10)))
+        board.stats.fetches += 1
+        started = time.perf_counter()
+        for offset in range(start, end, step):
+            if pinned.superseded:
+                board.stats.aborted += 1
+                raise FetchRefused(grpc.StatusCode.ABORTED, f"version {request.version} was superseded")
+            data = pinned.data[offset : min(offset + step, end)]
+            digest = board.chunk_checksum((meta.incarnation, meta.version, offset, len(data)), data)
+            board.served(peer, len(data))
+            yield Piece(meta.version, offset, data, digest)
+        metrics.FETCH_SERVED_SECONDS.observe(time.perf_counter() - started)
+        if request.while_packing:
+            yield _commit_piece(board, meta.key, meta.version, end, active)
+    finally:
+        pinned.release()
+
+
+def _commit_piece(
+    board: VersionBoard,
+    key: WeightKey,
+    version: int,
+    end: int,
+    active: Callable[[], bool],
+    record: PackingVersion | None = None,
+) -> Piece:
+    """The piece that ends a ``while_packing`` fetch: no data, the version's root as checksum."""
+    try:
+        root = board.wait_root(key, active, wait=PEER_WAIT_SECONDS, record=record)
+    except VersionAborted as exc:
+        board.stats.aborted += 1
+        raise FetchRefused(grpc.StatusCode.ABORTED, str(exc)) from None
+    return Piece(version, end, memoryview(b""), root, commit=True)
+
+
+def _pieces_while_packing(
+    board: VersionBoard,
+    record: PackingVersion,
+    request: pb.FetchWeightsRequest,
+    *,
+    peer: str,
+    active: Callable[[], bool],
+) -> Generator[Piece, None, None]:
+    """A fetch of a version being packed: chunk k as soon as it is ready, then the commit piece."""
+    version = record.announcement
+    grid, total = version.chunk_bytes, version.total_bytes
+    if request.layout_digest and request.layout_digest != version.layout_digest:
+        raise FetchRefused(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"version {request.version} has layout {version.layout_digest}, not {request.layout_digest}",
+        )
+    start = int(request.offset)
+    end = total if request.length == 0 else start + int(request.length)
+    off_grid = start % grid or (request.chunk_bytes and request.chunk_bytes != grid)
+    if start > end or end > total or off_grid:
+        raise FetchRefused(
+            grpc.StatusCode.OUT_OF_RANGE,
+            f"range [{start}, {end}) in chunks of {request.chunk_bytes} is not on version "
+            f"{request.version}'s grid ({total} bytes in chunks of {grid})",
+        )
+    board.stats.fetches += 1
+    started = time.perf_counter()
+    for offset in range(start, end, grid):
+        try:
+            digest = board.wait_chunk(record, offset // grid, active)
+        except VersionAborted as exc:
+            board.stats.aborted += 1
+            raise FetchRefused(grpc.StatusCode.ABORTED, str(exc)) from None
+        data = record.data[offset : min(offset + grid, end)]
+        board.served(peer, len(data))
+        yield Piece(version.version, offset, data, digest)
+    metrics.FETCH_SERVED_SECONDS.observe(time.perf_counter() - started)
+    yield _commit_piece(board, record.key, version.version, end, active, record)
+
+
 class _Servicer:
     def __init__(self, board: VersionBoard) -> None:
         self.board = board
@@ -361,6 +512,9 @@ class _Servicer:
         if layout is None:
             abort(context, grpc.StatusCode.NOT_FOUND, f"no layout {request.layout_digest or '(newest)'} here")
         return layout.to_proto()
+
+    def get_data_port(self, request: pb.GetDataPortRequest, context: grpc.ServicerContext) -> pb.DataPort:
+        return self.board.data_port
 
     def watch(
         self, request: pb.WatchWeightsRequest, context: grpc.ServicerContext
@@ -392,124 +546,22 @@ class _Servicer:
             self.board.watching(request.while_packing, -1)
 
     def fetch(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
-        latest = self.board.latest()
-        incarnation = request.incarnation or (latest.incarnation if latest is not None else "")
         if request.while_packing:
-            self.board.fetched_while_packing()
-            record = self.board.join(WeightKey(incarnation, request.version), wait=PEER_WAIT_SECONDS)
-            if record is not None:
-                try:
-                    yield from self._stream_while_packing(record, request, context)
-                finally:
-                    self.board.leave(record)
-                return
-        pinned = self.board.pin(incarnation, request.version, wait=PEER_WAIT_SECONDS)
-        if pinned is None:
-            newest = f"{latest.incarnation}/{latest.version}" if latest is not None else "none"
-            abort(
-                context,
-                grpc.StatusCode.NOT_FOUND,
-                f"version {incarnation}/{request.version} is not served here (newest: {newest})",
-            )
+            context.add_callback(self.board.wake)  # a client that goes away stops a wait for a chunk
         try:
-            meta = pinned.meta
-            if request.layout_digest and request.layout_digest != meta.digest:
-                abort(
-                    context,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"version {request.version} has layout {meta.digest}, not {request.layout_digest}",
-                )
-            start = int(request.offset)
-            end = meta.length if request.length == 0 else start + int(request.length)
-            if start > end or end > meta.length:
-                abort(
-                    context,
-                    grpc.StatusCode.OUT_OF_RANGE,
-                    f"range [{start}, {end}) is outside version {request.version} ({meta.length} bytes)",
-                )
-            step = int(request.chunk_bytes) or DEFAULT_CHUNK_BYTES
-            step = max(1, min(step, MAX_MESSAGE_BYTES - (64 << 10)))
-            self.board.stats.fetches += 1
-            peer = context.peer()
-            started = time.perf_counter()
-            for offset in range(start, end, step):
-                if pinned.superseded:
-                    self.board.stats.aborted += 1
-                    abort(context, grpc.StatusCode.ABORTED, f"version {request.version} was superseded")
-                data = pinned.data[offset : min(offset + step, end)]
-                key = (meta.incarnation, meta.version, offset, len(data))
-                prefix, suffix = chunk_framing(
-                    meta.version, offset, len(data), self.board.chunk_checksum(key, data)
-                )
-                message = copy_slot_into_message(prefix, data, suffix)
-                self.board.stats.bytes += len(data)
-                self.board.bytes_by_peer[peer] += len(data)
-                metrics.SERVED_BYTES.inc(len(data))
-                yield message
-            metrics.FETCH_SERVED_SECONDS.observe(time.perf_counter() - started)
-            if request.while_packing:
-                yield self._commit_chunk(meta.key, meta.version, end, context)
-        finally:
-            pinned.release()
-
-    def _commit_chunk(
-        self,
-        key: WeightKey,
-        version: int,
-        end: int,
-        context: grpc.ServicerContext,
-        record: PackingVersion | None = None,
-    ) -> bytes:
-        """The chunk that ends a ``while_packing`` fetch: no data, the version's root as checksum."""
-        try:
-            root = self.board.wait_root(key, context.is_active, wait=PEER_WAIT_SECONDS, record=record)
-        except VersionAborted as exc:
-            self.board.stats.aborted += 1
-            abort(context, grpc.StatusCode.ABORTED, str(exc))
-        prefix, suffix = chunk_framing(version, end, 0, root)
-        return prefix + suffix
-
-    def _stream_while_packing(
-        self, record: PackingVersion, request: pb.FetchWeightsRequest, context: grpc.ServicerContext
-    ) -> Iterator[bytes]:
-        """A fetch of a version being packed: chunk k as soon as it is ready, then the commit chunk."""
-        version = record.announcement
-        grid, total = version.chunk_bytes, version.total_bytes
-        if request.layout_digest and request.layout_digest != version.layout_digest:
-            abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"version {request.version} has layout {version.layout_digest}, not {request.layout_digest}",
-            )
-        start = int(request.offset)
-        end = total if request.length == 0 else start + int(request.length)
-        off_grid = start % grid or (request.chunk_bytes and request.chunk_bytes != grid)
-        if start > end or end > total or off_grid:
-            abort(
-                context,
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"range [{start}, {end}) in chunks of {request.chunk_bytes} is not on version "
-                f"{request.version}'s grid ({total} bytes in chunks of {grid})",
-            )
-        context.add_callback(self.board.wake)  # a client that goes away stops the wait
-        self.board.stats.fetches += 1
-        peer = context.peer()
-        started = time.perf_counter()
-        for offset in range(start, end, grid):
-            try:
-                digest = self.board.wait_chunk(record, offset // grid, context.is_active)
-            except VersionAborted as exc:
-                self.board.stats.aborted += 1
-                abort(context, grpc.StatusCode.ABORTED, str(exc))
-            data = record.data[offset : min(offset + grid, end)]
-            prefix, suffix = chunk_framing(version.version, offset, len(data), digest)
-            message = copy_slot_into_message(prefix, data, suffix)
-            self.board.stats.bytes += len(data)
-            self.board.bytes_by_peer[peer] += len(data)
-            metrics.SERVED_BYTES.inc(len(data))
-            yield message
-        metrics.FETCH_SERVED_SECONDS.observe(time.perf_counter() - started)
-        yield self._commit_chunk(record.key, version.version, end, context, record)
+            with contextlib.closing(
+                fetch_pieces(self.board, request, peer=context.peer(), active=context.is_active)
+            ) as pieces:
+                for piece in pieces:
+                    prefix, suffix = chunk_framing(
+                        piece.version, piece.offset, len(piece.data), piece.checksum
+                    )
+                    if piece.commit:
+                        yield prefix + suffix
+                    else:
+                        yield copy_slot_into_message(prefix, piece.data, suffix)
+        except FetchRefused as exc:
+            abort(context, exc.code, exc.details)
 
 
 def _identity(message: bytes) -> bytes:
@@ -536,6 +588,11 @@ def weight_store_handler(board: VersionBoard) -> grpc.GenericRpcHandler:
                 servicer.fetch,
                 request_deserializer=pb.FetchWeightsRequest.FromString,
                 response_serializer=_identity,  # already framed by chunk_framing
+            ),
+            "GetDataPort": grpc.unary_unary_rpc_method_handler(
+                servicer.get_data_port,
+                request_deserializer=pb.GetDataPortRequest.FromString,
+                response_serializer=pb.DataPort.SerializeToString,
             ),
         },
     )

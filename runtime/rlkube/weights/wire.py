@@ -48,6 +48,7 @@ SERVICE = "rlkube.v1.WeightStore"
 FETCH_METHOD = f"/{SERVICE}/FetchWeights"
 WATCH_METHOD = f"/{SERVICE}/WatchWeights"
 LAYOUT_METHOD = f"/{SERVICE}/GetLayout"
+DATA_PORT_METHOD = f"/{SERVICE}/GetDataPort"
 
 
 def _varint(value: int) -> bytes:
