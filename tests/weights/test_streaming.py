@@ -25,6 +25,7 @@ from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
 from rlkube.weights.shm_reader import ShmReader
 
 from tests.weights.conftest import Helper
+from tests.weights.pack_gate import Gate
 
 GRID = 4096
 
@@ -35,25 +36,6 @@ def state(value: float) -> dict[str, dict[str, torch.Tensor]]:
         "net": {"w": torch.full((64, 64), value), "b": torch.full((64,), value)},
         "head": {"w": torch.full((16, 64), value, dtype=torch.bfloat16)},
     }
-
-
-class Gate:
-    """Holds packing before the last chunk until ``release()``; ``packing_last`` says it got there."""
-
-    def __init__(self, *, fail: bool = False) -> None:
-        self.packing_last = threading.Event()
-        self.released = threading.Event()
-        self.fail = fail
-
-    def __call__(self, index: int, chunks: int) -> None:
-        if index == chunks - 1:
-            self.packing_last.set()
-            assert self.released.wait(30), "the test never released packing"
-            if self.fail:
-                raise RuntimeError("the trainer failed while packing the last chunk")
-
-    def release(self) -> None:
-        self.released.set()
 
 
 class Arrivals(dict[int, int]):
