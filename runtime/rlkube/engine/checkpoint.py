@@ -129,7 +129,9 @@ def capture_rng() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # This rank's own device only: ``get_rng_state_all`` would open a CUDA context on every
+        # visible GPU, and a resume may see a different number of them.
+        state["cuda"] = [torch.cuda.get_rng_state()]
     return state
 
 
@@ -145,8 +147,8 @@ def restore_rng(state: dict[str, Any]) -> None:
         }
     )
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"][0])  # onto this rank's device (see capture_rng)
 
 
 def _as_python_rng(value: Any) -> tuple[Any, ...]:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlkube.policy.base import BasePolicy, unwrap
+from rlkube.policy.base import BasePolicy, clone_to_cpu, unwrap
 
 #: Collectives on the control group wait this long for a rank (a dead rank makes the others fail
 #: instead of hanging; the launcher or the StatefulSet then restarts the group).
@@ -89,8 +89,12 @@ class RankChannel:
                     staged = tensor.data.cpu()
                     dist.broadcast(staged, src=0, group=self.group)
                     tensor.data.copy_(staged)
+        # On the CPU: pickled CUDA tensors would unpickle onto rank 0's device index in every rank;
+        # load_state_dict moves each state onto its parameter's device.
         states = [
-            {name: opt.state_dict() for name, opt in policy.optimizers().items()} if self.rank == 0 else None,
+            {name: clone_to_cpu(opt.state_dict()) for name, opt in policy.optimizers().items()}
+            if self.rank == 0
+            else None,
             progress if self.rank == 0 else None,
         ]
         dist.broadcast_object_list(states, src=0, group=self.group)

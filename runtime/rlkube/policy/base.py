@@ -250,10 +250,21 @@ class BasePolicy(nn.Module, ABC):
         if self.world_size > 1:
             process_group = torch.distributed.group.WORLD
             torch.distributed.barrier()
-            local_gpu = int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1)
-            self.wrap_with_ddp(local_gpu, process_group)
+            self.wrap_with_ddp(self.gpu_index(), process_group)
         self.setup_optimizer(self.config.optim_cfg)
         self.is_init = True
+
+    def gpu_index(self) -> int:
+        """The CUDA device index of ``self.device`` (0 on the CPU): what DDP's ``device_ids`` names.
+
+        ``self.device`` is the current CUDA device when the policy is made; a train rank's entrypoint
+        makes that ``cuda:LOCAL_RANK`` first (``rlkube.launch.devices``), so the model, its data and
+        DDP all sit on the rank's own GPU.
+        """
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            return 0
+        return device.index if device.index is not None else torch.cuda.current_device()
 
     def wrap_with_ddp(self, gpu_id: int, process_group: Any) -> None:
         """Wrap every model of ``model_list`` in DDP; override to choose what is wrapped."""

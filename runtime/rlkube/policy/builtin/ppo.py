@@ -122,6 +122,7 @@ class PPO(BasePolicy):
                 "values": values.reshape(-1),
             },
             batch_size=[rows * steps],
+            device=self.device,
         )
 
     def minibatch_size(self) -> int:
@@ -139,15 +140,16 @@ class PPO(BasePolicy):
         params = [p for p in self.model.parameters() if p.requires_grad]
         lr = float(self.optimizer.param_groups[0]["lr"])
         names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
-        sums = {
-            name: torch.zeros((), device=b.device) for name in names
-        }  # summed on device: no sync per step
+        # Every tensor made here names the learner's device: a tensor left on the default device
+        # (CPU) mixes with the model's outputs on a GPU. Summed on device: no sync per step.
+        device = torch.device(self.device)
+        sums = {name: torch.zeros((), device=device) for name in names}
         steps = 0
         epochs_run = 0
         for _ in range(self.algo.update_epochs):
             epochs_run += 1
-            order = torch.randperm(batch, device=b.device)
-            epoch_kl = torch.zeros((), device=b.device)
+            order = torch.randperm(batch, device=device)
+            epoch_kl = torch.zeros((), device=device)
             epoch_steps = 0
             for start in range(0, batch - mb_size + 1, mb_size):  # whole minibatches: equal steps per rank
                 mb = b[order[start : start + mb_size]]
