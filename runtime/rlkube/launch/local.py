@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import torch
+
 from rlkube import contract, run_policy
 from rlkube.contract import Role
 from rlkube.engine.checkpoint import COMPLETE_FILE
@@ -55,6 +57,7 @@ from rlkube.launch.processes import (
     standby_is_ready,
     tail,
 )
+from rlkube.placement import visible_gpu_for_rank
 from rlkube.run_policy import RestartLedger
 from rlkube.security.credential import new_token, write_token_file
 from rlkube.spec import RLJob
@@ -191,16 +194,20 @@ def pod_env(layout: Layout, role: Role, index: int, *, metrics_port: int = 0) ->
             "PET_MASTER_ADDR": master,
             "PET_MASTER_PORT": str(layout.ports.master),
         }
+        gpu = visible_gpu_for_rank(
+            index, parent_visible=os.environ.get("CUDA_VISIBLE_DEVICES"), count=_cuda_device_count()
+        )
+        if gpu is not None:  # each rank its own GPU, as the device plugin gives each pod its own
+            env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
+def _cuda_device_count() -> int:
+    return int(torch.cuda.device_count()) if _cuda_available() else 0
 
-        return bool(torch.cuda.is_available())
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return False
+
+def _cuda_available() -> bool:
+    return bool(torch.cuda.is_available())
 
 
 @dataclass

@@ -36,7 +36,8 @@ from rlkube.jobfile import load_job
 from rlkube.launch.processes import die_with_supervisor, wait_as_standby
 from rlkube.launch.signals import stop_on_signals
 from rlkube.launch.termination import write_termination_message
-from rlkube.spec import RLJob, SpecError
+from rlkube.placement import TrainPlacement
+from rlkube.spec import Backend, RLJob, SpecError
 
 logger = logging.getLogger("rlkube.pod")
 
@@ -49,6 +50,21 @@ def refuse(reason: FailureReason, message: str) -> int:
     print(f"rlkube pod: {reason.value}: {message}", file=sys.stderr)
     write_termination_message(reason, message)
     return EXIT_INVALID
+
+
+def _pod_placement(env: PodEnv) -> TrainPlacement | None:
+    """A train pod is one rank on the GPUs it sees, over the backend the operator chose for it."""
+    if not env.is_train or not env.backend:
+        return None
+    from rlkube.launch.preflight import local_gpus
+
+    return TrainPlacement(
+        Backend(env.backend),
+        ranks_per_node=1,
+        gpus_per_node=local_gpus(),
+        where="in this train pod",
+        resolved_because="RLKUBE_BACKEND, from spec.trainer.backend and the pod's nvidia.com/gpu limit",
+    )
 
 
 def main(args: argparse.Namespace | None = None) -> int:
@@ -67,7 +83,9 @@ def main(args: argparse.Namespace | None = None) -> int:
     _configure_logging(job, env)
     from rlkube.launch.preflight import checkpoint_needed, preflight
 
-    checks = preflight(job, check_checkpoint=env.is_train and checkpoint_needed(job))
+    checks = preflight(
+        job, check_checkpoint=env.is_train and checkpoint_needed(job), placement=_pod_placement(env)
+    )
     if checks.refusal is not None:
         return refuse(checks.refusal.reason, f"invalid job {env.job_config}: {checks.refusal.message}")
     policy_cls = checks.policy_cls

@@ -21,6 +21,8 @@ env                        ``spec.env.id`` is a registered gymnasium id, or with
                            ``vectorization: envpool`` an id envpool has whose
                            wrappers and kwargs map to its options
 checkpoint (if asked)      ``spec.checkpoint.path`` is a file or a checkpoint dir   CheckpointNotFound
+placement (if given)       NCCL gets one GPU per train rank on the machine          InvalidSpec
+                           (:mod:`rlkube.placement`)
 =========================  =======================================================  ====================
 """
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from rlkube.contract import FailureReason
 from rlkube.envs.group import EnvError, check_env
+from rlkube.placement import TrainPlacement, placement_problems
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.policy.registry import POLICIES, import_modules
 from rlkube.spec import Engine, RLJob, SpecError
@@ -97,8 +100,14 @@ def checkpoint_file(path: str) -> Path:
     return target / POLICY_FILE if target.is_dir() else target
 
 
-def preflight(job: RLJob, *, check_checkpoint: bool = False) -> Preflight:
-    """Run the checks of the module docstring; stop at the first refusal."""
+def preflight(
+    job: RLJob, *, check_checkpoint: bool = False, placement: TrainPlacement | None = None
+) -> Preflight:
+    """Run the checks of the module docstring; stop at the first refusal.
+
+    ``placement``: how the train ranks share this machine's GPUs (``rlkube run``: all of them;
+    a train pod: itself), checked last; None skips it (a cluster places pods itself).
+    """
     result = Preflight()
     spec = job.spec
     try:
@@ -151,4 +160,26 @@ def preflight(job: RLJob, *, check_checkpoint: bool = False) -> Preflight:
             )
             return result
         result.checked.append(f"spec.checkpoint.path: {target} exists")
+    if placement is not None:
+        problems = placement_problems(placement)
+        if problems:
+            result.refusal = Refusal(FailureReason.INVALID_SPEC, tuple(problems))
+            return result
+        result.checked.append(placement_checked(placement))
     return result
+
+
+def placement_checked(placement: TrainPlacement) -> str:
+    """The line a passed placement check prints."""
+    ranks = f"{placement.ranks_per_node} train rank{'s' if placement.ranks_per_node > 1 else ''}"
+    return (
+        f"placement: {ranks} {placement.where} over {placement.backend.value}, "
+        f"{placement.gpus_per_node} GPU{'s' if placement.gpus_per_node != 1 else ''} visible"
+    )
+
+
+def local_gpus() -> int:
+    """GPUs this machine shows torch (0 without CUDA)."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0

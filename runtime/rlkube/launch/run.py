@@ -25,12 +25,14 @@ from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles
 from rlkube.engine.run_paths import RunPaths
 from rlkube.failure import describe_exception, format_console
 from rlkube.jobfile import dump_job, load_job
+from rlkube.launch import preflight as preflight_checks
 from rlkube.launch.cluster_run import run_local_cluster
 from rlkube.launch.in_process import InProcessRun
 from rlkube.launch.preflight import preflight
 from rlkube.launch.preflight import resolve_policy as resolve_policy  # re-exported: its old home
 from rlkube.launch.progress import LiveProgress, PlainProgress
 from rlkube.launch.results import fresh_run_dir, print_result, write_failure_summary
+from rlkube.placement import TrainPlacement
 from rlkube.policy.base import BasePolicy
 from rlkube.spec import RLJob, SpecError
 
@@ -48,7 +50,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"rlkube: {exc}", file=sys.stderr)
         return EXIT_INVALID
     _configure_logging(job.spec.log.level.value)
-    checks = preflight(job, check_checkpoint=True)
+    # Every train rank of a local run shares this machine's GPUs (--in-process runs one learner).
+    placement = (
+        None if args.in_process else TrainPlacement.local(job.spec, gpus=preflight_checks.local_gpus())
+    )
+    checks = preflight(job, check_checkpoint=True, placement=placement)
     if checks.refusal is not None:
         problems = "\n".join(f"  - {p}" for p in checks.refusal.problems)
         print(f"rlkube: invalid job {args.job}:\n{problems}", file=sys.stderr)

@@ -48,6 +48,7 @@ from rlkube.engine.sync_engine import SyncEngine
 from rlkube.engine.trainer import RankZeroEngine, Stopped, TrainContext, follow
 from rlkube.envs.group import EnvGroup
 from rlkube.health import POD
+from rlkube.launch.devices import bind_train_device
 from rlkube.launch.progress import PlainProgress
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import Engine, RLJob
@@ -187,6 +188,7 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
     elif _job_finished(env, stop):
         return _idle(stop, None)
     try:
+        bind_train_device(rank=env.rank, backend=env.backend or "gloo")  # before the group and the policy
         if env.world_size > 1:
             wait_for_dns(env.master_addr, stop=stop, timeout=RENDEZVOUS_TIMEOUT.total_seconds())
             dist.init_process_group(

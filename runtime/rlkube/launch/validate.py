@@ -29,8 +29,11 @@ def validate(args: argparse.Namespace) -> int:
         print(f"rlkube: {exc}", file=sys.stderr)
         return EXIT_INVALID
     lines = ["spec: every field validates (the CRD schema and the cross-field rules)"]
+    # Not refusals: the job is valid for a cluster (one rank per pod on its own GPUs).
+    warnings: list[str] = []
     if not getattr(args, "schema_only", False):
-        from rlkube.launch.preflight import checkpoint_file, preflight
+        from rlkube.launch.preflight import checkpoint_file, local_gpus, preflight
+        from rlkube.placement import TrainPlacement, placement_problems
 
         path = job.spec.checkpoint.path
         local_checkpoint = path is not None and checkpoint_file(path).exists()
@@ -43,8 +46,13 @@ def validate(args: argparse.Namespace) -> int:
             )
             return EXIT_INVALID
         lines += checks.checked
+        placement = TrainPlacement.local(job.spec, gpus=local_gpus())
+        for problem in placement_problems(placement):
+            warnings.append(f"rlkube run on this machine would refuse it: {problem}")
     not_checked = NOT_CHECKED if not getattr(args, "schema_only", False) else ("the policy, env and buffer",)
     print(f"{args.job}: valid RLJob {job.namespace}/{job.name}")
     print("checked:\n" + "\n".join(f"  - {line}" for line in lines))
     print("not checked without a cluster:\n" + "\n".join(f"  - {line}" for line in not_checked))
+    if warnings:
+        print("warning:\n" + "\n".join(f"  - {line}" for line in warnings))
     return EXIT_OK
