@@ -5,7 +5,10 @@ Reading this module is how to count the copies a version costs end to end:
 ========================  ==========================================  =====================
 function                  where                                       copies per version
 ========================  ==========================================  =====================
-copy_device_into_staging  trainer, GPU: device -> pinned host buffer  1 (per tensor), side stream
+copy_device_into_slot     trainer, GPU, slot page-locked: device ->   1 (per tensor), side stream
+                          the shm slot itself (one DMA)
+copy_device_into_staging  trainer, GPU, no page-locked slot: device ->  1 (per tensor), side stream
+                          pinned host buffer (then copy_tensor_into_slot)
 copy_tensor_into_slot     trainer: state dict -> its node's shm slot  1 (per tensor), 0 resident
 copy_piece_into_slot      the same, streaming: per tensor and chunk   (instead of the row above)
 copy_resident_into_slot   trainer, after the flip: slot -> next slot  1, off the critical path
@@ -13,7 +16,8 @@ copy_slot_into_message    weight server: slot -> gRPC message         1 per fetc
 copy_message_into_slot    node receiver: gRPC message -> slot         1 per node
 send_slot_to_socket       weight data port: slot -> socket (kernel)   1 per fetching node
 receive_socket_into_slot  node receiver: socket -> slot (kernel)      1 per node
-copy_slot_into_shadow     eval, copy mode only (accelerators)         1 per eval policy
+copy_slot_into_shadow     eval, copy mode only (accelerators): slot   1 per eval policy
+                          -> device (one DMA when page-locked)
 copy_buffer_into_params   eval, strategy None only                    1 per eval policy
 ========================  ==========================================  =====================
 
@@ -137,6 +141,13 @@ def copy_device_into_staging(dst: torch.Tensor, src: torch.Tensor, *, non_blocki
     COPIES.add("copy_device_into_staging", dst.numel() * dst.element_size())
 
 
+def copy_device_into_slot(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Trainer, parameters on a GPU, slot page-locked (:mod:`rlkube.weights.cuda_host`): one tensor
+    straight into its place in the slot, queued on the caller's stream (one DMA, no staging)."""
+    dst.copy_(src.detach(), non_blocking=True)
+    COPIES.add("copy_device_into_slot", dst.numel() * dst.element_size())
+
+
 def copy_resident_into_slot(dst_bytes: np.ndarray, src: torch.Tensor) -> None:
     """Trainer, after a zero-copy flip: one resident tensor into its place in the next slot.
 
@@ -191,9 +202,12 @@ def copy_message_into_slot(dst: np.ndarray, data: memoryview) -> None:
     COPIES.add("copy_message_into_slot", len(data))
 
 
-def copy_slot_into_shadow(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Eval, copy mode: a whole slot into a shadow buffer on the model's device."""
-    dst.copy_(src)
+def copy_slot_into_shadow(dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool = False) -> None:
+    """Eval, copy mode: a whole slot into a shadow buffer on the model's device.
+
+    ``non_blocking`` only where the slot is page-locked (the caller waits on its stream).
+    """
+    dst.copy_(src, non_blocking=non_blocking)
     COPIES.add("copy_slot_into_shadow", src.numel())
 
 

@@ -53,6 +53,7 @@ from rlkube.weights.copies import (
     hash_list_root,
 )
 from rlkube.weights.data_port import DataPortServer
+from rlkube.weights.device_copy import DeviceToSlot
 from rlkube.weights.errors import WriterBusyError
 from rlkube.weights.layout import (
     Destinations,
@@ -67,7 +68,7 @@ from rlkube.weights.resident import ResidentTensors, aliases, why_not_resident
 from rlkube.weights.service import PackingVersion, VersionBoard, serve_weight_store
 from rlkube.weights.shm import PinnedSlot, ShmWriter, SlotLease
 from rlkube.weights.shm_files import TRAINER_LOCK, WRITER_LOCK, attach, detach
-from rlkube.weights.staging import PinnedStaging, on_accelerator
+from rlkube.weights.staging import on_accelerator
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -173,9 +174,12 @@ class WeightPublisher:
         self.moves_hurried = 0
         #: Why zero-copy publishing was turned off for good (a failed move, another state dict).
         self._zero_copy_off: str | None = None if config.zero_copy else "PublisherConfig.zero_copy is off"
-        self._staging = PinnedStaging()  # parameters on a GPU (see rlkube.weights.staging)
+        #: Parameters on a GPU: one DMA into the page-locked slot, or staged (rlkube.weights.device_copy).
+        self._device_copy = DeviceToSlot()
         #: Bytes copied by the last send() before its flip (0 when the tensors are resident).
         self.last_copied_before_flip = 0
+        #: Seconds from the last send()'s start until its version was committed for local readers.
+        self.last_commit_seconds = 0.0
 
     def connect(self) -> WeightPublisher:
         """Become the writer of ``shm_dir`` (taking it over from an eval receiver) and start serving."""
@@ -233,8 +237,14 @@ class WeightPublisher:
         if self._server is not None:
             self._server.stop(grace=1.0).wait(5.0)
             self._server = None
+        self._device_copy.close()  # unregister the slots before the writer lets their mappings go
         self.writer.close()
         self._release_directory()
+
+    @property
+    def device_copy_path(self) -> str:
+        """How the last GPU state dict reached the slot: "dma", "staged" ("" before any)."""
+        return self._device_copy.last_path
 
     def _release_directory(self) -> None:
         if self._trainer_lock is not None:
@@ -273,12 +283,8 @@ class WeightPublisher:
         """
         number = self._version + 1 if version is None else int(version)
         copied = _copied_into_slots()
-        if on_accelerator(state_dict):  # device -> pinned host (side stream), then the slot below
-            state_dict = self._staging.snapshot_(state_dict)
-            self._staging.fence_()
-            self._staging.wait()
-        layout = layout_of(state_dict)  # from this very state dict: validates it, so no second check
         started = time.perf_counter()
+        layout = layout_of(state_dict)  # from this very state dict: validates it, so no second check
         grid = self.config.chunk_bytes
         sources = [a for a in (self.address, *self.config.peers) if a]
         announcement = pb.WeightVersion(
@@ -297,6 +303,14 @@ class WeightPublisher:
         packing: PackingVersion | None = None
         try:
             destinations = self._destinations_of(lease)
+            if on_accelerator(state_dict):  # one DMA into the slot, or via pinned staging (device_copy)
+                state_dict = self._device_copy.copy_(
+                    state_dict,
+                    slot=lease.index,
+                    slot_array=lease.array,
+                    layout=layout,
+                    destinations=destinations,
+                )
             if self.board.wants_streaming():
                 announcement.published_at = time.time()
                 packing = self.board.open(announcement, layout, lease.array.data)
@@ -317,13 +331,15 @@ class WeightPublisher:
             total = hash_list_root(digests)
             pinned = self.writer.commit_pinned(lease, checksum=total, chunk_bytes=grid)
             meta = pinned.meta
-            metrics.PUBLISH_SECONDS.labels(stage="committed").observe(time.perf_counter() - started)
+            self.last_commit_seconds = time.perf_counter() - started
+            metrics.PUBLISH_SECONDS.labels(stage="committed").observe(self.last_commit_seconds)
             metrics.PUBLISHED_BYTES.inc(layout.total_bytes)
         else:
             # Local readers need no checksum (pins keep their snapshot intact): wake them first,
             # then hash for remote receivers while they swap the new version in.
             meta = self.writer.commit(lease, checksum=None, chunk_bytes=grid)
-            metrics.PUBLISH_SECONDS.labels(stage="committed").observe(time.perf_counter() - started)
+            self.last_commit_seconds = time.perf_counter() - started
+            metrics.PUBLISH_SECONDS.labels(stage="committed").observe(self.last_commit_seconds)
             metrics.PUBLISHED_BYTES.inc(layout.total_bytes)
             digests = self._digests(lease.array, grid)
             total = hash_list_root(digests)
@@ -529,7 +545,12 @@ class WeightPublisher:
 def _copied_into_slots() -> int:
     """Bytes this process copied from state dicts towards slots so far (see rlkube.weights.copies)."""
     counted = COPIES.snapshot()
-    names = ("copy_device_into_staging", "copy_tensor_into_slot", "copy_piece_into_slot")
+    names = (
+        "copy_device_into_slot",
+        "copy_device_into_staging",
+        "copy_tensor_into_slot",
+        "copy_piece_into_slot",
+    )
     return sum(counted.get(name, (0, 0))[1] for name in names)
 
 

@@ -6,7 +6,8 @@ I/O (shm, a thread, a unix socket). :class:`ShmWeightSource` implements
 * ``stage()`` (updater thread, rollouts running) pins the newest snapshot and prepares it:
   in **view** mode (CPU models) the snapshot's zero-copy views *are* the new weights; in
   **copy** mode (models on an accelerator) the slot is copied once into the idle one of two
-  shadow buffers on the model's device and the pin is dropped at once.
+  shadow buffers on the model's device (one DMA from the page-locked slot on a GPU, see
+  :mod:`rlkube.weights.device_copy`) and the pin is dropped at once.
 * ``commit()`` (inside the rollout gate) swaps each parameter's storage pointer
   (``param.data = new``): no bytes move while rollouts are blocked. In view mode the previous
   snapshot's pin is released afterwards, which is what lets the writer reuse that slot.
@@ -37,7 +38,8 @@ from torch import nn
 from rlkube.policy.base import BasePolicy, unwrap
 from rlkube.policy.weight_source import StagedWeights
 from rlkube.weight_key import WeightKey
-from rlkube.weights.copies import copy_slot_into_shadow
+from rlkube.weights.cuda_host import HostRegistrations
+from rlkube.weights.device_copy import load_slot_into_device
 from rlkube.weights.layout import LayoutError, WeightLayout, views_of
 from rlkube.weights.shm_files import notify_socket_path
 from rlkube.weights.shm_reader import ShmReader, Snapshot
@@ -134,6 +136,10 @@ class ShmWeightSource:
         self._shadows: _Shadows | None = None
         self._lock = threading.Lock()
         self._to_release: list[Snapshot] = []
+        #: Copy mode on a GPU: this reader's slot mappings page-locked for one DMA per load.
+        self._registrations = HostRegistrations(read_only=True)
+        #: How the last copy-mode load reached the device: "dma", "pageable" or "cpu".
+        self.last_load_path = ""
 
     def open(self) -> ShmWeightSource:
         self.reader.open()
@@ -170,9 +176,9 @@ class ShmWeightSource:
         if self._shadows is None or self._shadows.layout.digest != snap.layout.digest:
             self._shadows = _Shadows(snap.layout, device)
         idle = 1 - self._shadows.in_use
-        copy_slot_into_shadow(self._shadows.flats[idle], snap.buffer)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        self.last_load_path = load_slot_into_device(
+            self._shadows.flats[idle], snap.buffer, slot=snap.slot, registrations=self._registrations
+        )
         return self._shadows.views[idle]
 
     def commit(self, policy: BasePolicy, staged: StagedWeights) -> None:
@@ -209,6 +215,7 @@ class ShmWeightSource:
             if self._held is not None:
                 self._held.release()
                 self._held = None
+        self._registrations.close()
         self.reader.close()
 
 
