@@ -82,7 +82,7 @@ bench: $(VENV)/.base
 	$(VENV)/bin/rlkube bench weights --json runs/bench-weights.json
 	$(VENV)/bin/rlkube bench rollout --json runs/bench-rollout.json
 
-# NCCL selection, the weight plane's CUDA copy mode and a 2-rank DDP step, with figures (< 10 min).
+# The GPU acceptance check: rlkube run on the GPU, checkpoint/resume, CUDA weight plane (~5 min).
 gpu-check: $(VENV)/.base
 	bash benchmarks/gpu_check.sh
 

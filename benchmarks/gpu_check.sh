@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The GPU paths, measured in one short run: NCCL backend selection, the weight plane's CUDA copy
-# mode (device -> pinned host -> shm -> device) and a 2-rank DDP step (benchmarks/gpu/check.py).
+# The GPU acceptance check (benchmarks/gpu/check.py): the product on one GPU machine in ~5 minutes,
+# ending with one table. `rlkube run` CartPole to its target with the learner on the GPU; HalfCheetah
+# with 8 eval workers, GPU learner against CPU learner; checkpoint on the GPU, SIGKILL, resume; the
+# weight plane in CUDA mode (publish and load GB/s at 100 MB and 1 GB beside the copy_ ceilings);
+# the placement refusal; 2 DDP ranks over NCCL where a second GPU exists.
 #
-#   make gpu-check                        set up .venv (torch from PyPI: CUDA on Linux) and run
-#   bash benchmarks/gpu_check.sh --mb 64  run with an existing interpreter ($PYTHON, else .venv's)
-#   RLKUBE_GPU_CHECK_CPU=1 ...            force the CPU fallbacks (what the tests run)
+#   make gpu-check                          set up .venv (torch from PyPI: CUDA on Linux) and run
+#   PYTHON=python3 bash benchmarks/gpu_check.sh            run with an existing interpreter
+#   bash benchmarks/gpu_check.sh --only weights --mb 1024  one section (see --help)
+#   RLKUBE_GPU_CHECK_CPU=1 ...              force the CPU fallbacks (what the tests run)
 #
-# Needs only the repository and `make`; stops after GPU_CHECK_TIMEOUT seconds (default 600).
+# Needs the repository and the Python packages it names when they are missing (exit 2); stops after
+# GPU_CHECK_TIMEOUT seconds (default 600). Exit 1 when a section failed.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -126,9 +126,7 @@ def test_a_checkpoint_saves_and_resumes_with_no_tensor_on_the_default_device(tmp
     assert resumed.get_param_fingerprint() == train.get_param_fingerprint()
     moments = resumed.optimizer.state_dict()["state"] if resumed.optimizer is not None else {}
     assert moments
-    assert all(
-        t.device == torch.device("cpu") for s in moments.values() for t in s.values() if t.dim() > 0
-    )
+    assert all(t.device == torch.device("cpu") for s in moments.values() for t in s.values() if t.dim() > 0)
 
 
 def fake_fragment_data_for(policy: PPO) -> Any:
