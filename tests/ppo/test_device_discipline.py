@@ -137,3 +137,28 @@ def fake_fragment_data_for(policy: PPO) -> Any:
     data["next_observation"] = torch.randn(rows, steps, 3)
     data["action"] = torch.randn(rows, steps, 1)
     return data
+
+
+def test_the_ported_example_policy_trains_with_every_tensor_on_its_device() -> None:
+    from rlkube.launch.preflight import resolve_policy
+    from rlkube.spec import RLJob
+
+    from tests.porting.test_custom_policy import job
+
+    spec = job()
+    assert isinstance(spec, RLJob)
+    cls = resolve_policy(spec)
+    group = EnvGroup("CartPole-v1", num_envs=4, seed=0)
+    with group:
+        group.reset()
+        train = cls(spec.spec.policy, "train")
+        train.init_train(spec.spec.train, env_meta=group.meta)
+        evaluator = cls(spec.spec.policy, "eval")
+        evaluator.init_eval(env_meta=group.meta)
+        evaluator.load_state_dict(train.get_trainable_parameters())
+        data = collected(group, evaluator, steps=16)
+        evaluator.close()
+    with torch.device("meta"):
+        train.update_dataset(data)
+        metrics = train.train()
+    assert math.isfinite(metrics["loss"])
