@@ -110,6 +110,19 @@ def run(
 
 
 def _kill_group(popen: subprocess.Popen[bytes], sig: signal.Signals, *, grace: float) -> None:
+    """Signal the launcher's group and every pod it started (pods run in sessions of their own).
+
+    With SIGKILL the pods go first, so none of them gets the clean stop (and the checkpoint) that
+    its launcher's death would give it: a crash, as a lost node makes it.
+    """
+    if sig is signal.SIGKILL:  # frozen first: a launcher must not restart the pods killed below
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(popen.pid, signal.SIGSTOP)
+    pods = descendants(popen.pid)
+    if sig is signal.SIGKILL:
+        for pid in pods:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(popen.pid, sig)
     try:
@@ -118,8 +131,29 @@ def _kill_group(popen: subprocess.Popen[bytes], sig: signal.Signals, *, grace: f
         with contextlib.suppress(ProcessLookupError):
             os.killpg(popen.pid, signal.SIGKILL)
         popen.wait(timeout=10.0)
-    with contextlib.suppress(ProcessLookupError):  # pods that outlived the launcher
-        os.killpg(popen.pid, signal.SIGKILL)
+    for pid in pods:  # anything that outlived its launcher
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
 def _tail(text: str, lines: int = 25) -> str:

@@ -194,11 +194,6 @@ def pod_env(layout: Layout, role: Role, index: int, *, metrics_port: int = 0) ->
             "PET_MASTER_ADDR": master,
             "PET_MASTER_PORT": str(layout.ports.master),
         }
-        gpu = visible_gpu_for_rank(
-            index, parent_visible=os.environ.get("CUDA_VISIBLE_DEVICES"), count=_cuda_device_count()
-        )
-        if gpu is not None:  # each rank its own GPU, as the device plugin gives each pod its own
-            env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
 
 
@@ -330,6 +325,12 @@ class Supervisor:
         env = {**self.base_env, **pod_env(self.layout, role, index, metrics_port=metrics_port)}
         # Health on any free port: the "pods" share one host (and no kubelet probes them).
         env[HEALTH_PORT_ENV] = "0"
+        if role is Role.TRAIN:  # each rank its own GPU, as the device plugin gives each pod its own
+            gpu = visible_gpu_for_rank(
+                index, parent_visible=self.base_env.get("CUDA_VISIBLE_DEVICES"), count=_cuda_device_count()
+            )
+            if gpu is not None:
+                env["CUDA_VISIBLE_DEVICES"] = gpu
         started = time.strftime("%H:%M:%S")
         header = f"{name} started at {started} (restart {restarts})"
         if standby:
