@@ -108,6 +108,14 @@ def check_weights(megabytes: int, *, cuda: bool, repeat: int = 5) -> dict[str, A
         "ceiling_h2d_gbps": round(gb / ceiling_in, 1),
         "exact": slot_exact and load_exact,
     }
+    figures["publish_of_ceiling"] = round(figures["publish_gbps"] / max(figures["ceiling_d2h_gbps"], 1e-9), 2)
+    figures["load_of_ceiling"] = round(figures["load_gbps"] / max(figures["ceiling_h2d_gbps"], 1e-9), 2)
+    if cuda and megabytes >= 1024:  # the goal for 1 GB on an H200: both at least 40 GB/s
+        figures["goal_40gbps"] = (
+            "met" if min(figures["publish_gbps"], figures["load_gbps"]) >= 40 else "missed"
+        )
+    if cuda:
+        torch.cuda.empty_cache()  # the sections after this one run their own CUDA processes
     if not figures["exact"]:
         raise AssertionError(f"bytes differ: slot exact={slot_exact}, device load exact={load_exact}")
     return figures
