@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=10, help="HalfCheetah epochs per run (default 10)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=None, help="run these sections only")
     args = parser.parse_args(argv)
+    # gpu_check.sh's `timeout` sends SIGTERM: unwind, so the runs in progress are killed (their
+    # launchers run in sessions of their own and would outlive this process otherwise).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     lacking = missing(RUNTIME)
     if lacking:
         print(
@@ -174,10 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[str, str, float, Callable[[], dict[str, Any]]]] = [
         ("backend", "backend", 30, lambda: check_backend(cuda=cuda)),
         ("placement", "placement", 90, lambda: product.placement(ws, gpus=gpus, small=small)),
-        *[
-            ("weights", f"weights-{mb}", 120, lambda mb=mb: check_weights(mb, cuda=cuda))  # type: ignore[misc]
-            for mb in sizes
-        ],
+        *[("weights", f"weights-{mb}", 120, lambda mb=mb: check_weights(mb, cuda=cuda)) for mb in sizes],
         ("cartpole", "cartpole", 250, lambda: product.cartpole(ws, small=small)),
         ("halfcheetah", "halfcheetah", 320, lambda: product.halfcheetah(ws, small=small, epochs=args.epochs)),
         ("checkpoint", "checkpoint", 320, lambda: product.checkpoint(ws, small=small)),
