@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.gpu.packages import RUNTIME, describe_missing, missing
+from benchmarks.gpu.packages import MUJOCO, RUNTIME, describe_missing, missing
 
 FORCE_CPU_ENV = "RLKUBE_GPU_CHECK_CPU"
 SECTIONS = ("backend", "placement", "weights", "cartpole", "halfcheetah", "checkpoint", "ddp")
@@ -183,7 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         ("checkpoint", "checkpoint", 320, lambda: product.checkpoint(ws, small=small)),
         ("ddp", "ddp", 160, lambda: product.ddp(ws, gpus=gpus, small=small)),
     ]
-    outcomes = [Outcome("packages", "PASS", 0.0, {"runtime": "all present"})]
+    lacking_mujoco = missing(MUJOCO)
+    if lacking_mujoco and not small:
+        print(
+            "gpu check: the halfcheetah section will fail:\n" + describe_missing(lacking_mujoco), flush=True
+        )
+    mujoco = "present" if not lacking_mujoco else "missing:" + ",".join(p.pip for p in lacking_mujoco)
+    outcomes = [Outcome("packages", "PASS", 0.0, {"runtime": "all present", "mujoco": mujoco})]
     try:
         for section, name, bound, fn in plan:
             if section in wanted:
