@@ -11,12 +11,15 @@ One :class:`HostRegistrations` per process side (the writer's mappings, or a rea
 registration per slot. A slot whose mapping changes (a grown or reclaimed slot file) is
 unregistered first; the registry holds a reference to each registered mapping, so the kernel
 cannot unmap it before ``cudaHostUnregister`` ran. Registration failing (no CUDA, a kernel or
-container limit on locked memory) is logged once per process and the caller copies the slow way.
+container limit on locked memory) is logged once per process, the thread's CUDA error is reset
+(torch would otherwise raise it at the next kernel launch), and the caller copies the slow way.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -90,6 +93,7 @@ class HostRegistrations:
                 return False
             error = int(runtime.cudaHostRegister(ptr, size, self.flags))
             if error != 0:
+                _clear_last_error(runtime)
                 self.disabled = f"cudaHostRegister of a {size}-byte shm slot failed with cudaError {error}"
                 _warn_once(
                     f"{self.disabled}: GPU copies to and from shm slots go through pageable memory "
@@ -117,6 +121,7 @@ class HostRegistrations:
             return
         error = int(runtime.cudaHostUnregister(registration.ptr))
         if error != 0:
+            _clear_last_error(runtime)
             _warn_once(
                 f"cudaHostUnregister of a {registration.size}-byte shm slot failed with cudaError {error}"
             )
@@ -130,3 +135,36 @@ class HostRegistrations:
                 _warn_once(f"{self.disabled}: GPU copies to and from shm slots go through pageable memory")
                 return None
         return self._runtime
+
+
+def _clear_last_error(runtime: Any) -> None:
+    """Reset this thread's CUDA error after a refused call (``cudaGetLastError``).
+
+    A refused ``cudaHostRegister`` leaves its error as the thread's last error, and torch checks
+    that after every kernel launch: left there, the next kernel would raise it as its own. torch's
+    ``cudart()`` does not bind ``cudaGetLastError``, so it is called in the CUDA runtime library
+    torch loaded (found in ``/proc/self/maps``).
+    """
+    clear = getattr(runtime, "cudaGetLastError", None)
+    if clear is None:
+        library = _loaded_cudart()
+        clear = getattr(library, "cudaGetLastError", None) if library is not None else None
+    if clear is None:
+        _warn_once("cannot reset CUDA's last error after a refused call (no libcudart found)")
+        return
+    clear()
+
+
+def _loaded_cudart() -> ctypes.CDLL | None:
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if os.path.basename(path).startswith("libcudart.so"):
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
+    return None
