@@ -34,16 +34,24 @@ def test_actions_inside_a_discrete_space_pass() -> None:
     [
         (torch.tensor([[0, 7], [1, 0]]), "action holds 1 values outside Discrete(2) [0, 1] (e.g. 7)"),
         (torch.tensor([[0, -1], [1, 0]]), "action holds 1 values outside Discrete(2)"),
-        (torch.tensor([[0.0, 1.0], [1.0, 0.0]]), "action is float32; Discrete(2) [0, 1] takes integers"),
+        (torch.tensor([[0.0, 0.5], [1.0, 0.0]]), "action holds non-integral values (e.g. 0.5)"),
+        (torch.tensor([[0.0, float("nan")], [1.0, 0.0]]), "action holds non-integral values (e.g. nan)"),
+        (torch.tensor([[True, False]]), "action is bool; Discrete(2) [0, 1] takes integers"),
         (torch.zeros(2, 2, 3, dtype=torch.int64), "action has shape [3] per step"),
     ],
-    ids=["above", "below", "float", "shape"],
+    ids=["above", "below", "fraction", "nan", "bool", "shape"],
 )
 def test_an_action_outside_a_discrete_space_is_named_with_the_reason(
     action: torch.Tensor, reason: str
 ) -> None:
     problem = spaces(gym.spaces.Discrete(2)).violation(fragment(action))
     assert reason in str(problem)
+
+
+def test_floats_holding_whole_actions_pass_as_the_env_and_the_loss_take_them() -> None:
+    check = spaces(gym.spaces.Discrete(2))
+    assert check.violation(fragment(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))) is None
+    assert "outside Discrete(2)" in str(check.violation(fragment(torch.tensor([[0.0, 7.0]]))))
 
 
 def test_a_discrete_space_with_a_start_shifts_the_range() -> None:

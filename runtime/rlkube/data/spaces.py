@@ -7,10 +7,12 @@ checks every fragment against the spaces of the env train rank 0 built its own n
 (``launch.train.env_meta``; never a space a worker reports: that would be the sender's word):
 
 * ``observation`` and ``next_observation`` have the observation space's shape and dtype;
-* ``action`` has the action space's shape and an integer dtype inside a discrete range
-  (``Discrete``, ``MultiDiscrete``, ``MultiBinary``), or a floating dtype for a ``Box``, inside
-  its bounds only where the policy promises that (``BasePolicy.actions_within_bounds``: PPO's
-  Gaussian samples are unbounded and the env clips them, so its actions may lie outside).
+* ``action`` has the action space's shape and whole numbers inside a discrete range
+  (``Discrete``, ``MultiDiscrete``, ``MultiBinary``: an integer dtype, or floats holding whole
+  numbers, which the env casts and ``Categorical.log_prob`` takes; NaN, fractions and bools are
+  refused), or finite floats for a ``Box``, inside its bounds only where the policy promises that
+  (``BasePolicy.actions_within_bounds``: PPO's Gaussian samples are unbounded and the env clips
+  them, so its actions may lie outside).
 
 Every check is one vectorised torch reduction per leaf (no Python loop over elements). Spaces
 this module does not know (``Dict``, ``Tuple``, ``Text``, ...) are not checked beyond the
@@ -68,8 +70,15 @@ class ActionRule:
         if shape not in allowed:
             return f"{key} has shape {list(shape)} per step; {self.space} takes {list(self.shape)}"
         if self.kind == "discrete":
-            if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype is torch.bool:
+            if tensor.is_complex() or tensor.dtype is torch.bool:
                 return f"{key} is {_dtype_name(tensor.dtype)}; {self.space} takes integers"
+            # Floats holding whole numbers are what some policies store (the env casts them, and
+            # Categorical.log_prob takes them); a fraction would be stepped as one action and
+            # trained as another.
+            fractional = tensor != torch.round(tensor) if tensor.is_floating_point() else None
+            if fractional is not None and bool(fractional.any()):
+                example = tensor[fractional].reshape(-1)[0].item()
+                return f"{key} holds non-integral values (e.g. {example}); {self.space} takes integers"
         elif not tensor.is_floating_point():
             return f"{key} is {_dtype_name(tensor.dtype)}; {self.space} takes floating-point actions"
         else:

@@ -284,7 +284,9 @@ class RankZeroEngine:
                 return batch
             waited += 1.0
             if waited >= 5 and self.coordinator.live_workers() == 0:
-                self.coordinator.update(EngineStatus(message=f"waiting for eval workers ({what})"))
+                evicted = len(self.coordinator.refusals.evicted)
+                why = f"; {evicted} eval pods evicted for refused fragments" if evicted else ""
+                self.coordinator.update(EngineStatus(message=f"waiting for eval workers ({what}){why}"))
 
     def evaluate(self, *, epoch: int, version: int) -> float | None:
         episodes = self.spec.train.eval_episodes
