@@ -99,3 +99,25 @@ def test_quarantined_fragments_count_against_their_pod_which_is_evicted_and_barr
     assert new.live_workers() == 0
     with pytest.raises(Refused, match="pod eval-0 was evicted"):
         new.register(pod_name="eval-0", node_name="n0", replica_index=0, num_envs=NUM_ENVS)
+
+
+def test_a_poisoned_fragment_acknowledged_in_a_stream_is_quarantined_when_the_stream_reopens(
+    tmp_path: Path,
+) -> None:
+    old = coordinator(tmp_path, "first", spaces=False)
+    old.open_stream(min_version=0)
+    worker = old.register(pod_name="eval-0", node_name="n0", replica_index=0, num_envs=NUM_ENVS)
+    for poison in (True, False):
+        task = old.lease(worker.worker_id, wait_seconds=0)
+        assert isinstance(task, TaskSpec)
+        data = trajectories()
+        if poison:
+            data["action"][0, 3] = 7
+        assert old.push(task_id=task.task_id, worker_id=worker.worker_id, fragment=Fragment(data)).accepted
+
+    new = coordinator(tmp_path, "second")  # async: nothing was taken by a step yet
+    new.open_stream(min_version=0, step=0)
+    assert new.replayed == 1
+    assert new.acknowledged_and_queued()[1] == 1
+    [note] = (tmp_path / "quarantine").glob("*.json")
+    assert "action holds 1 values outside Discrete(2)" in json.loads(note.read_text())["reason"]
