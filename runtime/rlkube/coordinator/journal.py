@@ -163,9 +163,9 @@ class AckJournal:
         worker, task = self._origins.pop(key, ("", ""))
         self.quarantine_dir.mkdir(parents=True, exist_ok=True)
         target = self.quarantine_dir / name
+        shutil.move(self.directory / name, target)  # out of the journal first: never replayed again
         note = {"worker": worker, "task": task, "reason": reason, "journal_entry": name}
         _write_synced(target.with_name(f"{name}.json"), json.dumps(note, indent=2).encode())
-        shutil.move(self.directory / name, target)
         return target
 
     def quarantined(self) -> int:

@@ -49,7 +49,7 @@ from rlkube.coordinator.edge import (
 from rlkube.coordinator.journal import AckJournal
 from rlkube.coordinator.membership import Departure, Membership, Worker
 from rlkube.coordinator.progress import Progress
-from rlkube.coordinator.refusals import RefusalLedger, RefusalRecord
+from rlkube.coordinator.refusals import RefusalLedger, RefusalRecord, pod_of
 from rlkube.coordinator.tasks import AckResult, TaskBoard, TaskKind, TaskSpec
 from rlkube.data.fragment import Fragment
 from rlkube.data.rollout_buffer import AddResult, EpochBatch, RolloutBuffer
@@ -358,8 +358,7 @@ class Coordinator:
                 problem = self.trajectory_problem(fragment.data)
         if problem is not None:
             self.board.requeue(task.task_id)
-            worker = self.members.get(worker_id)
-            name = worker.name if worker is not None else worker_id.partition(".")[0]
+            name = self._name_of(worker_id)
             record = self.refusals.record(worker=name, task_id=task.task_id, reason=problem)
             logger.warning("refused a fragment of eval worker %s (task %s): %s", name, record.task, problem)
             if record.evicted:
@@ -378,7 +377,7 @@ class Coordinator:
 
     def _evict(self, record: RefusalRecord) -> None:
         """Remove the live workers of ``record``'s pod (their leases go back to the queue)."""
-        pod = record.worker.partition("#")[0]
+        pod = pod_of(record.worker)
         reason = self.refusals.evicted.get(pod, record.reason)
         gone = [w.worker_id for w in self.members.workers() if (w.pod_name or "worker") == pod]
         departures = [d for d in (self.members.deregister(i, reason=f"evicted: {reason}") for i in gone) if d]
@@ -395,7 +394,10 @@ class Coordinator:
                 continue
             assert self.journal is not None
             worker, task_id = self.journal.origin(key)
-            where = self.journal.quarantine(key, reason=problem)
+            try:
+                where = str(self.journal.quarantine(key, reason=problem))
+            except OSError as exc:  # not trained either way; taken back (and refused) again next time
+                where = f"nowhere ({exc})"
             record = self.refusals.record(
                 worker=worker or "(unknown)", task_id=task_id, reason=problem, quarantined=True
             )
