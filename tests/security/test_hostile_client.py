@@ -437,3 +437,26 @@ def test_a_load_report_of_a_version_never_published_cannot_mark_the_job_consiste
     assert "never published" in answers[0].detail
     assert live.coordinator.version_consistency(2) is None  # no verdict: the engine's check stays open
     assert live.coordinator.version_consistency(1) is None
+
+
+def test_differing_from_the_schema_another_worker_set_is_refused_but_never_evicts(live: LiveJob) -> None:
+    # The learned schema is the first pusher's word (an insider may have pushed first): a pod whose
+    # fragments differ from it is refused each time, but not evicted for it.
+    live.coordinator.open_epoch(epoch=1, version=0)
+    with live.client() as client:
+        first = register(client, "cartpole-eval-0")
+        task = client.lease(first, wait_seconds=1.0)
+        extra = trajectories()
+        extra["junk"] = torch.zeros(NUM_ENVS, STEPS)
+        assert client.push(push_message(task, first, extra), retry_for=0).accepted
+        other = register(client, "cartpole-eval-1")
+        codes = []
+        for _ in range(EVICT_AFTER_REFUSALS + 1):
+            task = client.lease(other, wait_seconds=1.0)
+            message = push_message(task, other)
+            codes.append(code_of(lambda message=message: client.push(message, retry_for=0)))
+        status = client.status()
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * (EVICT_AFTER_REFUSALS + 1)
+    assert (status.fragments_refused, status.workers_evicted) == (EVICT_AFTER_REFUSALS + 1, 0)
+    assert "keys differ from the job's" in status.refusals[-1].reason
+    assert sorted(w.pod_name for w in status.workers) == ["cartpole-eval-0", "cartpole-eval-1"]

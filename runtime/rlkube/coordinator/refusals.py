@@ -5,7 +5,10 @@ trajectories do not fit the job (``data.spaces``, ``data.schema``) and every ack
 fragment it quarantines (taken back from the journal and failing the same checks). Counts are
 per pod name, not per registration, so a pod cannot clear its record by registering again. A
 pod refused :data:`EVICT_AFTER_REFUSALS` times is evicted: its worker is removed (its leases go
-to the others) and the pod may not register again for the rest of this coordinator's life.
+to the others) and the pod may not register again for the rest of this coordinator's life. A
+refusal for differing from the schema learned from the first fragment accepted is shown but not
+counted: that schema is the first pusher's word, and an insider who pushed first must not get
+honest pods evicted.
 """
 
 from __future__ import annotations
@@ -48,15 +51,22 @@ class RefusalLedger:
     #: pod name -> why it was evicted
     evicted: dict[str, str] = field(default_factory=dict)
 
-    def record(self, *, worker: str, task_id: str, reason: str, quarantined: bool = False) -> RefusalRecord:
-        """Count one refusal of ``worker``'s fragment; the record says whether it evicts the pod."""
+    def record(
+        self, *, worker: str, task_id: str, reason: str, quarantined: bool = False, counts: bool = True
+    ) -> RefusalRecord:
+        """Count one refusal of ``worker``'s fragment; the record says whether it evicts the pod.
+
+        ``counts``: False for a refusal that is not surely the sender's fault (a difference from the
+        schema learned from another worker's fragment): shown, but no step towards eviction.
+        """
         pod = pod_of(worker)
         if quarantined:
             self.quarantined += 1
         else:
             self.refused += 1
-        self.by_pod[pod] += 1
-        evicts = pod not in self.evicted and self.by_pod[pod] >= self.evict_after
+        if counts:
+            self.by_pod[pod] += 1
+        evicts = counts and pod not in self.evicted and self.by_pod[pod] >= self.evict_after
         if evicts:
             self.evicted[pod] = f"{self.by_pod[pod]} fragments refused; the last: {reason}"
         record = RefusalRecord(worker, public_task(task_id), reason, quarantined, evicts)

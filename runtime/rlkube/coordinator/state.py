@@ -113,6 +113,16 @@ class EngineStatus:
 
 
 @dataclass(frozen=True)
+class TrajectoryProblem:
+    """Why the trainer could not take a fragment."""
+
+    reason: str
+    #: False for a mismatch with the schema learned from the first fragment accepted: that schema is
+    #: only the first pusher's word, so a difference from it never counts towards evicting the sender.
+    counts: bool = True
+
+
+@dataclass(frozen=True)
 class PushOutcome:
     accepted: bool
     duplicate: bool = False
@@ -343,7 +353,7 @@ class Coordinator:
 
     def _check_fragment(self, task: TaskSpec, worker_id: str, fragment: Fragment | None) -> None:
         """Refuse (INVALID, requeueing the task) trajectories the trainer could not train on."""
-        problem = None
+        problem, counts = None, True
         if fragment is None:
             problem = f"task {task.task_id} needs a trajectory batch"
         else:
@@ -355,25 +365,28 @@ class Coordinator:
                     f"[{num_envs}, {task.steps}] (num_envs x steps)"
                 )
             else:
-                problem = self.trajectory_problem(fragment.data)
+                found = self.trajectory_problem(fragment.data)
+                problem, counts = (found.reason, found.counts) if found is not None else (None, True)
         if problem is not None:
             self.board.requeue(task.task_id)
             name = self._name_of(worker_id)
-            record = self.refusals.record(worker=name, task_id=task.task_id, reason=problem)
+            record = self.refusals.record(worker=name, task_id=task.task_id, reason=problem, counts=counts)
             logger.warning("refused a fragment of eval worker %s (task %s): %s", name, record.task, problem)
             if record.evicted:
                 self._evict(record)
             self._cond.notify_all()
             raise Refused(Refusal.INVALID, f"fragment refused: {problem}")
 
-    def trajectory_problem(self, data: TensorDict) -> str | None:
-        """Why the trainer could not take ``data`` (keys, schema, spaces, finiteness); None: it can."""
+    def trajectory_problem(self, data: TensorDict) -> TrajectoryProblem | None:
+        """Why the trainer could not take ``data`` (keys, spaces, finiteness, schema); None: it can."""
         problem = missing_standard_keys(data)
-        if problem is None and self.schema is not None:
-            problem = self.schema.mismatch(TrajectorySchema.of(data))
         if problem is None and self.spaces is not None:
             problem = self.spaces.violation(data)
-        return problem or non_finite(data)
+        problem = problem or non_finite(data)
+        if problem is not None:
+            return TrajectoryProblem(problem)
+        mismatch = self.schema.mismatch(TrajectorySchema.of(data)) if self.schema is not None else None
+        return TrajectoryProblem(mismatch, counts=False) if mismatch is not None else None
 
     def _evict(self, record: RefusalRecord) -> None:
         """Remove the live workers of ``record``'s pod (their leases go back to the queue)."""
@@ -388,10 +401,11 @@ class Coordinator:
         """The journalled fragments the trainer can take; the others are quarantined (see the module doc)."""
         kept = []
         for key, fragment in replayed:
-            problem = self.trajectory_problem(fragment.data)
-            if problem is None:
+            found = self.trajectory_problem(fragment.data)
+            if found is None:
                 kept.append((key, fragment))
                 continue
+            problem = found.reason
             assert self.journal is not None
             worker, task_id = self.journal.origin(key)
             try:
@@ -399,7 +413,11 @@ class Coordinator:
             except OSError as exc:  # not trained either way; taken back (and refused) again next time
                 where = f"nowhere ({exc})"
             record = self.refusals.record(
-                worker=worker or "(unknown)", task_id=task_id, reason=problem, quarantined=True
+                worker=worker or "(unknown)",
+                task_id=task_id,
+                reason=problem,
+                quarantined=True,
+                counts=found.counts,
             )
             logger.warning(
                 "quarantined an acknowledged fragment of %s (task %s) in %s: %s",
