@@ -1,7 +1,7 @@
 """One poisoned fragment never takes a run down (issue #29).
 
 An insider holding the job's credential (as any eval pod does) pushes CartPole fragments with
-action 7 mid-run into a DDP run of two train ranks: each push is refused with INVALID_ARGUMENT
+action 7 mid-run (epoch 3 of 12) into a DDP run of two train ranks: each push is refused with INVALID_ARGUMENT
 naming the key, nothing of it is journalled or trained, the insider's pod is evicted after three,
 and the run finishes every planned epoch with every acknowledged fragment trained exactly once.
 A poisoned fragment already in the journal (acknowledged by a coordinator that predates the
@@ -27,12 +27,14 @@ from tensordict import TensorDict
 
 from benchmarks.auth.run import cartpole_trajectories
 from tests.runtime.cluster import LocalRun, write_job
+from tests.runtime.slow_env import ENV_ID as SLOW_ENV
 
 pytestmark = pytest.mark.slow
 
 MAX_EPOCHS = 12
 NUM_ENVS = 4  # SMALL_JOB's
 STEPS = 16  # its fragmentLength
+FRAGMENTS_PER_EPOCH = 256 // (NUM_ENVS * STEPS)  # its stepsPerEpoch / (numEnvs * fragmentLength)
 
 
 def poisoned() -> TensorDict:
@@ -43,9 +45,16 @@ def poisoned() -> TensorDict:
     return data
 
 
-def start(tmp_path: Path, local_run: list[LocalRun]) -> LocalRun:
+def start(tmp_path: Path, local_run: list[LocalRun], **env: object) -> LocalRun:
     run = LocalRun(
-        write_job(tmp_path, train__maxEpochs=MAX_EPOCHS, trainer__replicas=2, runPolicy__backoffLimit=0),
+        write_job(
+            tmp_path,
+            train__maxEpochs=MAX_EPOCHS,
+            trainer__replicas=2,
+            evaluator__replicas=1,
+            runPolicy__backoffLimit=0,
+            **env,
+        ),
         tmp_path / "run",
     )
     local_run.append(run)
@@ -62,17 +71,31 @@ def insider_of(run: LocalRun) -> PolicyGroupClient:
 def test_an_insiders_poisoned_actions_are_refused_and_the_run_trains_every_planned_epoch(
     local_run: list[LocalRun], tmp_path: Path
 ) -> None:
-    run = start(tmp_path, local_run)
-    run.wait_until(lambda s: s.epoch >= 2, timeout=300, what="epoch 2")
+    # The handshake that puts the attack mid-run however fast the machine: the one honest eval
+    # worker takes its steps from a budget of two epochs' fragments (it works through its tasks
+    # one by one, so exactly 8 arrive), then holds in the first step of epoch 3's first task until
+    # the test releases it. Epoch 3's other tasks wait in the queue, for the insider alone.
+    release = tmp_path / "release"
+    run = start(
+        tmp_path,
+        local_run,
+        env__id=SLOW_ENV,
+        env__imports=["tests.runtime.slow_env"],
+        env__kwargs={
+            "step_budget": 2 * FRAGMENTS_PER_EPOCH * NUM_ENVS * STEPS,
+            "budget_file": str(tmp_path / "steps-spent"),
+            "release_file": str(release),
+        },
+    )
+    held = run.wait_until(lambda s: s.epoch >= 2, timeout=300, what="epoch 2")
+    assert held.epoch == 2
     refusals: list[str] = []
     with insider_of(run) as insider:
         request = pb.RegisterRequest(role="eval", pod_name="insider", node_name="node-0", num_envs=NUM_ENVS)
         worker_id = insider.register(request, retry_for=10).worker_id
         while len(refusals) < EVICT_AFTER_REFUSALS:
             task = insider.lease(worker_id, wait_seconds=5.0)
-            assert task.kind in (pb.Task.COLLECT, pb.Task.NONE, pb.Task.EVALUATE), "the run ended first"
-            if task.kind != pb.Task.COLLECT:
-                continue
+            assert task.kind == pb.Task.COLLECT, task
             message = fragment_to_proto(
                 Fragment(poisoned()), task_id=task.task_id, worker_id=worker_id, epoch=task.epoch
             )
@@ -86,6 +109,8 @@ def test_an_insiders_poisoned_actions_are_refused_and_the_run_trains_every_plann
     status = run.status()
     assert status is not None
     assert (status.fragments_refused, status.workers_evicted) == (EVICT_AFTER_REFUSALS, 1)
+    assert status.epoch == 2  # nothing was trained meanwhile
+    release.touch()
     assert run.wait(timeout=600) == 0, run.output[1]
 
     assert all("action holds 1 values outside Discrete(2) [0, 1] (e.g. 7)" in r for r in refusals)
@@ -95,10 +120,10 @@ def test_an_insiders_poisoned_actions_are_refused_and_the_run_trains_every_plann
     assert summary["fragments_acknowledged_total"] == summary["fragments_trained_total"]
     assert summary["fragments_refused"] == EVICT_AFTER_REFUSALS
     assert summary["workers_evicted"] == ["insider"]
-    assert all(r["worker"].startswith("insider#") for r in summary["refusals"])
+    assert {r["worker"] for r in summary["refusals"]} == {"insider#2"}  # after the one eval pod
     stdout = run.output[0]
     assert f"{EVICT_AFTER_REFUSALS} fragments refused at the edge" in stdout
-    assert "refused: insider#" in stdout
+    assert "refused: insider#2 task e2-f" in stdout
     assert "evicted     eval pod insider" in stdout
     logs = run.run_dir / "logs"
     assert (logs / "small-train-1.log").read_text().count("==== small-train-1 started") == 1  # never died
