@@ -54,6 +54,8 @@ from rlkube.coordinator.tasks import AckResult, TaskBoard, TaskKind, TaskSpec
 from rlkube.data.fragment import Fragment
 from rlkube.data.rollout_buffer import AddResult, EpochBatch, RolloutBuffer
 from rlkube.data.schema import (
+    FINITE_KEYS,
+    POLICY_FINITE_KEYS,
     TrajectorySchema,
     missing_standard_keys,
     non_finite,
@@ -165,6 +167,7 @@ class Coordinator:
         )
         self.loads = LoadTracker()
         self.progress = Progress()
+        self._finite_keys = POLICY_FINITE_KEYS if spec.env.allow_non_finite else FINITE_KEYS
         #: What the engine reported (every field given: the status before the first report).
         self.snapshot = EngineStatus(
             phase=CoordinatorPhase.STARTING,
@@ -382,7 +385,7 @@ class Coordinator:
         problem = missing_standard_keys(data)
         if problem is None and self.spaces is not None:
             problem = self.spaces.violation(data)
-        problem = problem or non_finite(data)
+        problem = problem or non_finite(data, self._finite_keys)
         if problem is not None:
             return TrajectoryProblem(problem)
         mismatch = self.schema.mismatch(TrajectorySchema.of(data)) if self.schema is not None else None

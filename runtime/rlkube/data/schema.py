@@ -21,9 +21,12 @@ from tensordict import TensorDictBase
 from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED, TRUNCATED
 from rlkube.data.wire import KEY_SEPARATOR
 
-#: Leaves (by their first key part) that must hold only finite numbers: what the env returned, and
-#: the log-probabilities and values the policy's loss is computed against.
-FINITE_KEYS: frozenset[str] = frozenset({OBSERVATION, NEXT_OBSERVATION, REWARD, "log_prob", "value"})
+#: Leaves (by their first key part) the env wrote that must hold finite numbers unless the job
+#: allows otherwise (``spec.env.allowNonFinite``).
+ENV_FINITE_KEYS: frozenset[str] = frozenset({OBSERVATION, NEXT_OBSERVATION, REWARD})
+#: Leaves the policy wrote that must always be finite: what its loss is computed against.
+POLICY_FINITE_KEYS: frozenset[str] = frozenset({"log_prob", "value"})
+FINITE_KEYS: frozenset[str] = ENV_FINITE_KEYS | POLICY_FINITE_KEYS
 #: Leaves (by their first key part) every fragment has: the rollout always writes them.
 STANDARD_KEYS: tuple[str, ...] = (OBSERVATION, REWARD, TERMINATED, TRUNCATED, NEXT_OBSERVATION)
 
