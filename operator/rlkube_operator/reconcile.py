@@ -26,7 +26,7 @@ from rlkube_operator import metrics
 from rlkube_operator.compare import changed_fields, drift
 from rlkube_operator.coordinator import get_status
 from rlkube_operator.kube import ApiError, Kube
-from rlkube_operator.refusal_events import refusal_events
+from rlkube_operator.refusal_events import RefusalReason, refusal_events
 from rlkube_operator.render import (
     ANNOTATION_SPEC_HASH,
     render,
@@ -68,6 +68,9 @@ class EventReason(StrEnum):
     RESTORED = "Restored"
     #: A spec change replaces the train pods: the event names the fields.
     TRAINING_RESTARTS = "TrainingRestarts"
+    #: The coordinator refused or quarantined fragments, or evicted an eval pod (``refusal_events``).
+    FRAGMENTS_REFUSED = RefusalReason.FRAGMENTS_REFUSED.value
+    EVAL_POD_EVICTED = RefusalReason.EVAL_POD_EVICTED.value
 
 
 @dataclass(frozen=True)
