@@ -66,6 +66,13 @@ def test_multi_discrete_actions_are_checked_per_component() -> None:
     assert "outside MultiDiscrete([2, 5])" in str(check.violation(fragment(torch.tensor([[[2, 4]]]))))
 
 
+def test_multi_binary_actions_may_be_bools_or_zeros_and_ones() -> None:
+    check = spaces(gym.spaces.MultiBinary(3))
+    assert check.violation(fragment(torch.tensor([[[True, False, True]]]))) is None
+    assert check.violation(fragment(torch.tensor([[[1, 0, 1]]]))) is None
+    assert "outside MultiBinary([3])" in str(check.violation(fragment(torch.tensor([[[1, 2, 1]]]))))
+
+
 def test_box_actions_outside_their_bounds_pass_unless_the_policy_promises_the_bounds() -> None:
     box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     wide = fragment(torch.tensor([[[0.5, 3.0]]]))

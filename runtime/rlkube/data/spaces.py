@@ -63,6 +63,7 @@ class ActionRule:
     high: torch.Tensor
     space: str  # the space as gymnasium prints it, for reasons
     bounded: bool = True
+    bools: bool = False  # MultiBinary: bool actions are its own values
 
     def violation(self, key: str, tensor: torch.Tensor, batch_dims: int) -> str | None:
         shape = tuple(tensor.shape[batch_dims:])
@@ -70,7 +71,7 @@ class ActionRule:
         if shape not in allowed:
             return f"{key} has shape {list(shape)} per step; {self.space} takes {list(self.shape)}"
         if self.kind == "discrete":
-            if tensor.is_complex() or tensor.dtype is torch.bool:
+            if tensor.is_complex() or (tensor.dtype is torch.bool and not self.bools):
                 return f"{key} is {_dtype_name(tensor.dtype)}; {self.space} takes integers"
             # Floats holding whole numbers are what some policies store (the env casts them, and
             # Categorical.log_prob takes them); a fraction would be stepped as one action and
@@ -153,7 +154,7 @@ def _action_rule(space: Any, *, bounded: bool) -> ActionRule | None:
         )
     if kind == "MultiBinary":
         shape = tuple(int(d) for d in space.shape)
-        return ActionRule("discrete", shape, _bound(0), _bound(1), f"MultiBinary({list(shape)})")
+        return ActionRule("discrete", shape, _bound(0), _bound(1), f"MultiBinary({list(shape)})", bools=True)
     if kind == "Box":
         shape = tuple(int(d) for d in space.shape)
         lows, highs = _bound(np.broadcast_to(space.low, shape)), _bound(np.broadcast_to(space.high, shape))
