@@ -160,14 +160,17 @@ def trajectory_push(
 def per_call(*, calls: int, token: str, block: int = 50) -> dict[str, list[float]]:
     """Seconds per Heartbeat (the cheapest call: what the credential adds to any call), per mode."""
     setups = {}
+    requests: dict[str, pb.HeartbeatRequest] = {}
     for mode in MODES:
         coordinator = Coordinator(_job(1, 1, 1))
         server = CoordinatorServer(
             coordinator, address="127.0.0.1:0", credential=_credential(mode, token)
         ).start()
         client = PolicyGroupClient(f"127.0.0.1:{server.port}", credential=_credential(mode, token))
+        # A member's heartbeat (an unknown worker's is answered NOT_FOUND, an error to the client).
+        member = pb.RegisterRequest(role="eval", pod_name=f"bench-{mode}", num_envs=1)
+        requests[mode] = pb.HeartbeatRequest(worker_id=client.register(member, retry_for=5.0).worker_id)
         setups[mode] = (coordinator, server, client)
-    request = pb.HeartbeatRequest(worker_id="nobody")
     times: dict[str, list[float]] = {m: [] for mode in MODES for m in (mode, f"{mode}-cpu")}
     try:
         for i in range(calls // block + 1):
@@ -175,7 +178,7 @@ def per_call(*, calls: int, token: str, block: int = 50) -> dict[str, list[float
                 client = setups[mode][2]
                 wall, cpu = time.perf_counter(), time.process_time()
                 for _ in range(block):
-                    client.heartbeat(request)
+                    client.heartbeat(requests[mode])
                 if i:  # the first block warms up
                     times[mode].append((time.perf_counter() - wall) / block)
                     times[f"{mode}-cpu"].append((time.process_time() - cpu) / block)

@@ -26,6 +26,7 @@ from rlkube_operator import metrics
 from rlkube_operator.compare import changed_fields, drift
 from rlkube_operator.coordinator import get_status
 from rlkube_operator.kube import ApiError, Kube
+from rlkube_operator.refusal_events import RefusalReason, refusal_events
 from rlkube_operator.render import (
     ANNOTATION_SPEC_HASH,
     render,
@@ -67,6 +68,9 @@ class EventReason(StrEnum):
     RESTORED = "Restored"
     #: A spec change replaces the train pods: the event names the fields.
     TRAINING_RESTARTS = "TrainingRestarts"
+    #: The coordinator refused or quarantined fragments, or evicted an eval pod (``refusal_events``).
+    FRAGMENTS_REFUSED = RefusalReason.FRAGMENTS_REFUSED.value
+    EVAL_POD_EVICTED = RefusalReason.EVAL_POD_EVICTED.value
 
 
 @dataclass(frozen=True)
@@ -397,6 +401,8 @@ class Reconciler:
         for transition in derived.transitions:
             kind = "Warning" if transition.warning else "Normal"
             outcome.events.append(Event(kind, transition.reason, transition.message))
+        for reason, message in refusal_events(job.status, derived.status):
+            outcome.events.append(Event("Warning", reason, message))
 
         clean = job.spec.run_policy.clean_pod_policy is not CleanPodPolicy.NONE
         if derived.phase.is_terminal() and not previous.phase.is_terminal() and clean:

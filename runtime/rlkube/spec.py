@@ -448,6 +448,12 @@ class EnvSpec(_Model):  # type: ignore[no-redef]  # mypy's pydantic plugin: a fi
         description="Wrappers applied in order around each env (the first wraps the raw env); "
         "episode returns are always reported raw, from inside all of them.",
     )
+    allow_non_finite: bool = Field(
+        False,
+        description="Accept NaN and Inf in observations and rewards (an env that uses them as markers "
+        "and a policy that handles them); otherwise the coordinator refuses such fragments. "
+        "Log-probabilities and values must be finite either way.",
+    )
 
 
 class BufferSpec(_Model):

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from rlkube._proto import policy_group_pb2 as pb
 from rlkube.engine.report import RunSummary
 from rlkube.engine.run_paths import RunPaths
-from rlkube.launch.cluster_run import report
+from rlkube.launch.cluster_run import describe_status, report
 from rlkube.launch.local import Outcome
 
 
@@ -50,3 +51,40 @@ def test_a_failed_run_reports_its_message_on_stderr_and_its_exit_code(
     captured = capsys.readouterr()
     assert "train-0 failed 4 times" in captured.err
     assert captured.out == ""
+
+
+def test_the_report_names_each_refused_fragment_its_worker_and_the_evicted_pod(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refusal = {
+        "worker": "intruder#3",
+        "task": "e4-f2",
+        "reason": "action holds 1 values outside Discrete(2) [0, 1] (e.g. 7)",
+        "quarantined": False,
+        "evicted": True,
+    }
+    paths = _finished_run(
+        tmp_path,
+        fragments_refused=3,
+        fragments_quarantined=0,
+        workers_evicted=["intruder"],
+        refusals=[refusal],
+    )
+    assert report(Outcome(0), paths, None) == 0
+    out = capsys.readouterr().out
+    assert "3 fragments refused at the edge, 0 quarantined" in out
+    assert (
+        "refused: intruder#3 task e4-f2: action holds 1 values outside Discrete(2) [0, 1] (e.g. 7);"
+        " its pod was evicted"
+    ) in out
+    assert "evicted     eval pod intruder" in out
+
+
+def test_the_status_line_counts_refusals_and_names_the_newest() -> None:
+    refusal = pb.FragmentRefusal(worker="intruder#3", task="e4-f2", reason="action holds 1 values outside")
+    status = pb.JobStatus(epoch=4, max_epochs=12, fragments_refused=2, workers_evicted=1, refusals=[refusal])
+    line = describe_status(status)
+    assert (
+        "refused 2, quarantined 0 (newest: intruder#3 e4-f2: action holds 1 values outside), 1 evicted"
+        in line
+    )

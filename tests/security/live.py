@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
+import gymnasium as gym
+import numpy as np
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.service import CoordinatorServer
 from rlkube.coordinator.state import Coordinator
 from rlkube.coordinator.wire import fragment_to_proto
 from rlkube.data.fragment import Fragment
+from rlkube.data.spaces import TrajectorySpaces
 from rlkube.security.credential import Credential, new_token
 from rlkube.spec import parse_job
 from tensordict import TensorDict
@@ -128,8 +131,15 @@ class LiveJob:
         return thread, acked
 
 
+#: CartPole's spaces, as train rank 0 gives them to its coordinator (``launch.train.trajectory_spaces``).
+CARTPOLE_SPACES = TrajectorySpaces.of(
+    gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), action_bounds=False
+)
+
+
 def live_job(**coordinator_args: object) -> Iterator[LiveJob]:
     credential = Credential.of_token(new_token())
+    coordinator_args.setdefault("spaces", CARTPOLE_SPACES)
     coordinator = Coordinator(parse_job(JOB), **coordinator_args)  # type: ignore[arg-type]
     server = CoordinatorServer(coordinator, address="127.0.0.1:0", credential=credential).start()
     try:

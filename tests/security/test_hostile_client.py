@@ -16,13 +16,17 @@ import torch
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import CoordinatorError
 from rlkube.coordinator.edge import MAX_REQUEST_BYTES
+from rlkube.coordinator.journal import AckJournal
+from rlkube.coordinator.refusals import EVICT_AFTER_REFUSALS
 from rlkube.security.credential import Credential, new_token
+from tensordict import TensorDict
 
 from tests.security.live import (
     NUM_ENVS,
     STEPS,
     LiveJob,
     code_of,
+    live_job,
     push_message,
     register,
     trajectories,
@@ -110,9 +114,10 @@ def test_task_and_worker_ids_cannot_be_guessed_from_what_others_see(live: LiveJo
 def test_a_forged_load_report_is_refused_and_a_members_report_counts_once_per_version(
     live: LiveJob,
 ) -> None:
+    incarnation = live.coordinator.incarnation
+    live.coordinator.published(version=1, fingerprint={"w": 1.0}, incarnation=incarnation)
     with live.client() as client:
         worker_id = register(client, "cartpole-eval-0")
-        incarnation = live.coordinator.incarnation
         forged = pb.ReportLoadedRequest(worker_id="cartpole-eval-0#1", incarnation=incarnation, version=1)
         assert code_of(lambda: client.report_loaded(forged)) == grpc.StatusCode.NOT_FOUND
         own = pb.ReportLoadedRequest(worker_id=worker_id, incarnation=incarnation, version=1)
@@ -309,3 +314,149 @@ def test_a_run_under_attack_still_finishes_with_every_fragment_counted_once(live
     assert sorted(t for batch in live.batches for t in batch) == sorted(acked)
     assert live.coordinator.progress.fragments == per_epoch * epochs
     assert attacked == set(acked)
+
+
+# Trajectories against the job's spaces ------------------------------------------------------------
+
+
+def _action_seven() -> TensorDict:
+    data = trajectories()
+    data["action"][0, 1] = 7  # CartPole has actions 0 and 1
+    return data
+
+
+def _float64_observation() -> TensorDict:
+    data = trajectories()
+    data["observation"] = data["observation"].double()
+    return data
+
+
+def _nan_log_prob() -> TensorDict:
+    data = trajectories()
+    data["log_prob"][1, 2] = math.nan
+    return data
+
+
+def _inf_value() -> TensorDict:
+    data = trajectories()
+    data["value"] = torch.zeros(NUM_ENVS, STEPS)
+    data["value"][0, 0] = math.inf
+    return data
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (_action_seven, "action holds 1 values outside Discrete(2) [0, 1] (e.g. 7)"),
+        (_float64_observation, "observation is float64; the env's observations are float32"),
+        (lambda: trajectories(obs=5), "observation has shape [5] per step; the env's observations are [4]"),
+        (_nan_log_prob, "log_prob holds 1 non-finite values"),
+        (_inf_value, "value holds 1 non-finite values"),
+    ],
+    ids=["action-7", "float64-observation", "observation-shape", "nan-log-prob", "inf-value"],
+)
+def test_a_fragment_outside_the_envs_spaces_is_refused_with_the_key_counted_and_never_journalled(
+    tmp_path, make, reason: str
+) -> None:  # type: ignore[no-untyped-def]
+    journal = AckJournal(tmp_path / "acknowledged", incarnation="first").open()
+    for live in live_job(journal=journal, incarnation="first"):
+        worker_id, task = open_epoch_and_lease(live)
+        with live.client() as client:
+            with pytest.raises(CoordinatorError) as refused:
+                client.push(push_message(task, worker_id, make()), retry_for=0)
+            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert reason in str(refused.value)
+            assert not list(journal.directory.glob("*.frag"))  # never journalled, never trained
+            status = client.status()
+            # The task went back to the queue; a well-formed push of it is the first acknowledged.
+            again = client.lease(worker_id, wait_seconds=1.0)
+            assert client.push(push_message(again, worker_id), retry_for=0).accepted
+        assert status.fragments_refused == 1
+        assert [w.fragments_refused for w in status.workers] == [1]
+        [record] = status.refusals
+        assert (record.worker, record.task, record.quarantined, record.evicted) == (
+            "cartpole-eval-0#1",
+            task.task_id.rsplit(".", 1)[0],
+            False,
+            False,
+        )
+        assert reason in record.reason
+        assert live.coordinator.progress.fragments == 1
+        assert len(list(journal.directory.glob("*.frag"))) == 1
+
+
+def test_a_pod_refused_repeatedly_is_evicted_its_lease_reassigned_and_it_may_not_register_again(
+    live: LiveJob,
+) -> None:
+    live.coordinator.open_epoch(epoch=1, version=0)
+    with live.client() as insider, live.client() as honest:
+        intruder = register(insider, "intruder")
+        codes = []
+        for _ in range(EVICT_AFTER_REFUSALS):
+            task = insider.lease(intruder, wait_seconds=1.0)
+            poison = push_message(task, intruder, _action_seven())
+            codes.append(code_of(lambda message=poison: insider.push(message, retry_for=0)))
+        assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * EVICT_AFTER_REFUSALS
+        # Evicted with the third: its calls are those of a stranger, and its pod may not come back.
+        assert code_of(lambda: insider.lease(intruder, wait_seconds=0)) == grpc.StatusCode.NOT_FOUND
+        again = pb.RegisterRequest(role="eval", pod_name="intruder", node_name="node-0", num_envs=NUM_ENVS)
+        with pytest.raises(CoordinatorError) as barred:
+            insider.register(again, retry_for=0)
+        assert barred.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert "pod intruder was evicted: 3 fragments refused" in str(barred.value)
+        # Every task it held is an honest worker's to collect.
+        worker_id = register(honest, "cartpole-eval-0")
+        for _ in range(live.coordinator.fragments_per_epoch):
+            task = honest.lease(worker_id, wait_seconds=1.0)
+            assert honest.push(push_message(task, worker_id), retry_for=0).accepted
+        status = honest.status()
+    assert live.coordinator.buffer.wait_ready(timeout=5)
+    assert (status.fragments_refused, status.workers_evicted) == (EVICT_AFTER_REFUSALS, 1)
+    assert [r.evicted for r in status.refusals] == [False, False, True]
+    assert {r.worker for r in status.refusals} == {"intruder#1"}
+    assert [w.pod_name for w in status.workers] == ["cartpole-eval-0"]
+
+
+def test_a_heartbeat_from_an_unknown_worker_is_not_found_like_a_lease(live: LiveJob) -> None:
+    with live.client() as client:
+        stranger = pb.HeartbeatRequest(worker_id="cartpole-eval-0#1.guessed")
+        assert code_of(lambda: client.heartbeat(stranger)) == grpc.StatusCode.NOT_FOUND
+        member = register(client, "cartpole-eval-0")
+        assert client.heartbeat(pb.HeartbeatRequest(worker_id=member)).known
+
+
+def test_a_load_report_of_a_version_never_published_cannot_mark_the_job_consistent(live: LiveJob) -> None:
+    incarnation = live.coordinator.incarnation
+    live.coordinator.published(version=1, fingerprint={"w": 1.0}, incarnation=incarnation)
+    with live.client() as client:
+        worker_id = register(client, "cartpole-eval-0")
+        future = pb.ReportLoadedRequest(worker_id=worker_id, incarnation=incarnation, version=2)
+        other = pb.ReportLoadedRequest(worker_id=worker_id, incarnation="another", version=1)
+        answers = [client.report_loaded(future), client.report_loaded(other)]
+    assert [a.consistent for a in answers] == [False, False]
+    assert "never published" in answers[0].detail
+    assert live.coordinator.version_consistency(2) is None  # no verdict: the engine's check stays open
+    assert live.coordinator.version_consistency(1) is None
+
+
+def test_differing_from_the_schema_another_worker_set_is_refused_but_never_evicts(live: LiveJob) -> None:
+    # The learned schema is the first pusher's word (an insider may have pushed first): a pod whose
+    # fragments differ from it is refused each time, but not evicted for it.
+    live.coordinator.open_epoch(epoch=1, version=0)
+    with live.client() as client:
+        first = register(client, "cartpole-eval-0")
+        task = client.lease(first, wait_seconds=1.0)
+        extra = trajectories()
+        extra["junk"] = torch.zeros(NUM_ENVS, STEPS)
+        assert client.push(push_message(task, first, extra), retry_for=0).accepted
+        other = register(client, "cartpole-eval-1")
+        codes = []
+        for _ in range(EVICT_AFTER_REFUSALS + 1):
+            task = client.lease(other, wait_seconds=1.0)
+            message = push_message(task, other)
+            codes.append(code_of(lambda message=message: client.push(message, retry_for=0)))
+        status = client.status()
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * (EVICT_AFTER_REFUSALS + 1)
+    assert (status.fragments_refused, status.workers_evicted) == (EVICT_AFTER_REFUSALS + 1, 0)
+    assert "keys differ from the job's" in status.refusals[-1].reason
+    assert sorted(w.pod_name for w in status.workers) == ["cartpole-eval-0", "cartpole-eval-1"]

@@ -349,27 +349,43 @@ class NodeWeights(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., version: _Optional[int] = ..., lag: _Optional[int] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "pod_name", "node_name", "loaded_version", "last_seen", "consistent")
+    __slots__ = ("worker_id", "pod_name", "node_name", "loaded_version", "last_seen", "consistent", "fragments_refused")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POD_NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     LOADED_VERSION_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     CONSISTENT_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pod_name: str
     node_name: str
     loaded_version: int
     last_seen: float
     consistent: bool
-    def __init__(self, worker_id: _Optional[str] = ..., pod_name: _Optional[str] = ..., node_name: _Optional[str] = ..., loaded_version: _Optional[int] = ..., last_seen: _Optional[float] = ..., consistent: _Optional[bool] = ...) -> None: ...
+    fragments_refused: int
+    def __init__(self, worker_id: _Optional[str] = ..., pod_name: _Optional[str] = ..., node_name: _Optional[str] = ..., loaded_version: _Optional[int] = ..., last_seen: _Optional[float] = ..., consistent: _Optional[bool] = ..., fragments_refused: _Optional[int] = ...) -> None: ...
+
+class FragmentRefusal(_message.Message):
+    __slots__ = ("worker", "task", "reason", "quarantined", "evicted")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    task: str
+    reason: str
+    quarantined: bool
+    evicted: bool
+    def __init__(self, worker: _Optional[str] = ..., task: _Optional[str] = ..., reason: _Optional[str] = ..., quarantined: _Optional[bool] = ..., evicted: _Optional[bool] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase_name", "epoch", "max_epochs", "env_steps", "last_return", "episodes", "weight_version", "last_sync_time", "nodes", "workers", "train_ranks", "eval_workers", "steps_per_second", "finished", "message", "fingerprints_consistent", "incarnation", "eval_return", "dropped_stale", "phase")
+    __slots__ = ("phase_name", "epoch", "max_epochs", "env_steps", "last_return", "episodes", "weight_version", "last_sync_time", "nodes", "workers", "train_ranks", "eval_workers", "steps_per_second", "finished", "message", "fingerprints_consistent", "incarnation", "eval_return", "dropped_stale", "phase", "fragments_refused", "fragments_quarantined", "workers_evicted", "refusals")
     class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         Starting: _ClassVar[JobStatus.Phase]
@@ -400,6 +416,10 @@ class JobStatus(_message.Message):
     EVAL_RETURN_FIELD_NUMBER: _ClassVar[int]
     DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTS_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_EVICTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
     phase_name: str
     epoch: int
     max_epochs: int
@@ -420,4 +440,8 @@ class JobStatus(_message.Message):
     eval_return: float
     dropped_stale: int
     phase: JobStatus.Phase
-    def __init__(self, phase_name: _Optional[str] = ..., epoch: _Optional[int] = ..., max_epochs: _Optional[int] = ..., env_steps: _Optional[int] = ..., last_return: _Optional[float] = ..., episodes: _Optional[int] = ..., weight_version: _Optional[int] = ..., last_sync_time: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeWeights, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., train_ranks: _Optional[int] = ..., eval_workers: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., fingerprints_consistent: _Optional[bool] = ..., incarnation: _Optional[str] = ..., eval_return: _Optional[float] = ..., dropped_stale: _Optional[int] = ..., phase: _Optional[_Union[JobStatus.Phase, str]] = ...) -> None: ...
+    fragments_refused: int
+    fragments_quarantined: int
+    workers_evicted: int
+    refusals: _containers.RepeatedCompositeFieldContainer[FragmentRefusal]
+    def __init__(self, phase_name: _Optional[str] = ..., epoch: _Optional[int] = ..., max_epochs: _Optional[int] = ..., env_steps: _Optional[int] = ..., last_return: _Optional[float] = ..., episodes: _Optional[int] = ..., weight_version: _Optional[int] = ..., last_sync_time: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeWeights, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., train_ranks: _Optional[int] = ..., eval_workers: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., fingerprints_consistent: _Optional[bool] = ..., incarnation: _Optional[str] = ..., eval_return: _Optional[float] = ..., dropped_stale: _Optional[int] = ..., phase: _Optional[_Union[JobStatus.Phase, str]] = ..., fragments_refused: _Optional[int] = ..., fragments_quarantined: _Optional[int] = ..., workers_evicted: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[FragmentRefusal, _Mapping]]] = ...) -> None: ...

@@ -23,6 +23,11 @@ in the stream belongs to no step yet: it is written as ``q-<incarnation>-<n>.fra
 
 ``acks-<incarnation>.json`` counts what each incarnation acknowledged, so the summary can add
 up every incarnation of the run.
+
+Each entry names the worker that pushed it (its public name) and the task's public part. An
+entry the coordinator will not train on when it takes it back (``Coordinator._take_back``) is
+quarantined: moved, as it is, to ``<run>/quarantine/`` beside a ``.json`` note (worker, task,
+reason), and so dropped from the journal for good.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -58,9 +64,18 @@ def _write_synced(path: Path, data: bytes) -> None:
 class AckJournal:
     """The acknowledged, not yet checkpointed fragments of one job (see the module docstring)."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, incarnation: str) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        incarnation: str,
+        quarantine: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.incarnation = incarnation
+        #: Where quarantined entries go (default: ``quarantine/`` beside the checkpoints directory).
+        self.quarantine_dir = Path(quarantine) if quarantine else self.directory.parent.parent / "quarantine"
+        self._origins: dict[str, tuple[str, str]] = {}  # buffer key -> (worker, task) of a taken-back entry
         self.acknowledged = 0  # by this incarnation
         self._written = 0
         self._replayed = 0
@@ -71,15 +86,15 @@ class AckJournal:
         self.directory.mkdir(parents=True, exist_ok=True)
         return self
 
-    def record(self, *, epoch: int | None, fragment: Fragment, key: str = "") -> None:
+    def record(self, *, epoch: int | None, fragment: Fragment, key: str = "", worker: str = "") -> None:
         """Make ``fragment`` (acknowledged in ``epoch``; None: in a stream, no step yet) durable.
 
-        Call before acknowledging it. ``key``: the buffer's id of the fragment, for :meth:`taken`.
+        Call before acknowledging it. ``key``: the buffer's id of the fragment (its task id), for
+        :meth:`taken`; its public part is kept with ``worker`` (a public name) for quarantine notes.
         """
         self._written += 1
-        message = fragment_to_proto(
-            fragment, task_id=f"journal-{self._written}", worker_id="", epoch=epoch or 0
-        )
+        task = key.rsplit(".", 1)[0] if key else f"journal-{self._written}"
+        message = fragment_to_proto(fragment, task_id=task, worker_id=worker, epoch=epoch or 0)
         stem = f"{self.incarnation}-{self._written:06d}.frag"
         name = f"q-{stem}" if epoch is None else f"e{epoch:06d}-{stem}"
         _write_synced(self.directory / name, message.SerializeToString())
@@ -126,15 +141,38 @@ class AckJournal:
         taken_back = []
         for _, path, stem in sorted(found, key=lambda item: item[0]):
             try:
-                fragment = fragment_from_proto(pb.Fragment.FromString(path.read_bytes()))
+                message = pb.Fragment.FromString(path.read_bytes())
+                fragment = fragment_from_proto(message)
             except (OSError, ValueError) as exc:  # a torn file cannot have been acknowledged
                 logger.warning("skipping unreadable journal entry %s: %s", path, exc)
                 continue
             self._replayed += 1
             key = f"{self.incarnation}-replay-{self._replayed}"
             self._entries[key] = (path.name, stem)
+            self._origins[key] = (message.worker_id, message.task_id)
             taken_back.append((key, fragment))
         return taken_back
+
+    def origin(self, key: str) -> tuple[str, str]:
+        """(worker, task) that pushed the taken-back entry ``key``; empty strings when not recorded."""
+        return self._origins.get(key, ("", ""))
+
+    def quarantine(self, key: str, *, reason: str) -> Path:
+        """Move the entry of ``key`` out of the journal into the quarantine directory, with a note."""
+        name, _ = self._entries.pop(key)
+        worker, task = self._origins.pop(key, ("", ""))
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        target = self.quarantine_dir / name
+        shutil.move(self.directory / name, target)  # out of the journal first: never replayed again
+        note = {"worker": worker, "task": task, "reason": reason, "journal_entry": name}
+        _write_synced(target.with_name(f"{name}.json"), json.dumps(note, indent=2).encode())
+        return target
+
+    def quarantined(self) -> int:
+        """Entries quarantined over the run's life (every incarnation: the notes in the directory)."""
+        if not self.quarantine_dir.is_dir():
+            return 0
+        return sum(1 for path in self.quarantine_dir.iterdir() if path.name.endswith(".frag.json"))
 
     def pending(self, epoch: int) -> list[Fragment]:
         """The journalled fragments of ``epoch`` (any incarnation), in the order they were written."""

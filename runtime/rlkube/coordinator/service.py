@@ -112,9 +112,10 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         def beat() -> pb.HeartbeatResponse:
-            check_name("worker_id", request.worker_id)
-            known = self.coordinator.heartbeat(request.worker_id)
-            return pb.HeartbeatResponse(known=known, finished=self.coordinator.snapshot.finished)
+            check_name("worker_id", request.worker_id, required=True)
+            if not self.coordinator.heartbeat(request.worker_id):  # as LeaseTask: register again
+                raise NotRegistered(request.worker_id)
+            return pb.HeartbeatResponse(known=True, finished=self.coordinator.snapshot.finished)
 
         return answer(context, beat)
 
@@ -236,8 +237,16 @@ def job_status(coordinator: Coordinator) -> pb.JobStatus:
             node_name=w.node_name,
             loaded_version=loads[w.worker_id].version if w.worker_id in loads else 0,
             last_seen=now - w.last_seen,
+            fragments_refused=coordinator.refusals.of_pod(w.pod_name or "worker"),
         )
         for w in members
+    ]
+    ledger = coordinator.refusals
+    refusals = [
+        pb.FragmentRefusal(
+            worker=r.worker, task=r.task, reason=r.reason[:1024], quarantined=r.quarantined, evicted=r.evicted
+        )
+        for r in ledger.recent
     ]
     engine["env_steps"] = max(snap.env_steps or 0, coordinator.progress.env_steps)
     return pb.JobStatus(
@@ -250,6 +259,10 @@ def job_status(coordinator: Coordinator) -> pb.JobStatus:
         steps_per_second=coordinator.progress.steps_per_second(now=now),
         incarnation=coordinator.incarnation,
         dropped_stale=coordinator.progress.dropped_stale,
+        fragments_refused=ledger.refused,
+        fragments_quarantined=ledger.quarantined,
+        workers_evicted=len(ledger.evicted),
+        refusals=refusals,
     )
 
 

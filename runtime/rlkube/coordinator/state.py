@@ -8,9 +8,18 @@ RolloutBuffer; the work board decides which pushes are accepted (the first of ea
 
 Nothing from the wire is trusted (see ``coordinator.edge``): a push is accepted only from the
 member that holds the task's lease, and only if its trajectories match the job's schema (learned
-from the first fragment accepted) and hold finite observations and rewards; a load report only
-from a member, once per version; registrations are rate- and count-limited. Refusals raise
-:class:`~rlkube.coordinator.edge.Refused` with the reason before any state changes.
+from the first fragment accepted), the env's spaces (``data.spaces``: given by train rank 0,
+never by a worker) and hold finite observations, rewards, log-probabilities and values; a load
+report only from a member, once per version; registrations are rate- and count-limited. Refusals
+raise :class:`~rlkube.coordinator.edge.Refused` with the reason before any state changes.
+
+A fragment refused for its trajectories is counted against its pod (``coordinator.refusals``),
+and so is an acknowledged fragment that fails the same checks when it is taken back from the
+journal (acknowledged by an older coordinator, or before the job's spaces were known): that one
+is quarantined, moved out of the journal into ``<run>/quarantine/`` with a note of who sent it
+and why, and its task is collected again. Training never sees either, so train ranks need not
+agree on skipping a step: rank 0 decides before it commands one. A pod refused
+``EVICT_AFTER_REFUSALS`` times is evicted (its leases go to the others) and may not register again.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from tensordict import TensorDict
@@ -40,15 +49,19 @@ from rlkube.coordinator.edge import (
 from rlkube.coordinator.journal import AckJournal
 from rlkube.coordinator.membership import Departure, Membership, Worker
 from rlkube.coordinator.progress import Progress
+from rlkube.coordinator.refusals import RefusalLedger, RefusalRecord, pod_of
 from rlkube.coordinator.tasks import AckResult, TaskBoard, TaskKind, TaskSpec
 from rlkube.data.fragment import Fragment
 from rlkube.data.rollout_buffer import AddResult, EpochBatch, RolloutBuffer
 from rlkube.data.schema import (
+    FINITE_KEYS,
+    POLICY_FINITE_KEYS,
     TrajectorySchema,
     missing_standard_keys,
     non_finite,
     non_finite_numbers,
 )
+from rlkube.data.spaces import TrajectorySpaces
 from rlkube.spec import RLJob
 from rlkube.weight_key import WeightKey
 from rlkube.weights.consistency import LoadTracker, WorkerLoad
@@ -102,6 +115,16 @@ class EngineStatus:
 
 
 @dataclass(frozen=True)
+class TrajectoryProblem:
+    """Why the trainer could not take a fragment."""
+
+    reason: str
+    #: False for a mismatch with the schema learned from the first fragment accepted: that schema is
+    #: only the first pusher's word, so a difference from it never counts towards evicting the sender.
+    counts: bool = True
+
+
+@dataclass(frozen=True)
 class PushOutcome:
     accepted: bool
     duplicate: bool = False
@@ -129,6 +152,9 @@ class Coordinator:
     registrations: RegistrationGate = field(default_factory=RegistrationGate)
     #: The leaves every fragment must have; None: learned from the first fragment accepted.
     schema: TrajectorySchema | None = None
+    #: The env's spaces every fragment's observations and actions must fit (set by train rank 0
+    #: from the env it built its networks with); None: not checked.
+    spaces: TrajectorySpaces | None = None
 
     def __post_init__(self) -> None:
         spec = self.job.spec
@@ -141,6 +167,7 @@ class Coordinator:
         )
         self.loads = LoadTracker()
         self.progress = Progress()
+        self._finite_keys = POLICY_FINITE_KEYS if spec.env.allow_non_finite else FINITE_KEYS
         #: What the engine reported (every field given: the status before the first report).
         self.snapshot = EngineStatus(
             phase=CoordinatorPhase.STARTING,
@@ -166,6 +193,9 @@ class Coordinator:
         self.replayed = 0
         self._replay: deque[tuple[str, Fragment]] = deque()  # taken back, waiting for buffer room
         self._reported: dict[str, set[WeightKey]] = {}  # worker -> keys it reported
+        #: Fragments refused or quarantined, per pod, and the pods evicted for them.
+        self.refusals = RefusalLedger()
+        self._published_versions: set[int] = set()  # by this incarnation (the newest 64)
 
     # ================================================================= worker-facing (RPCs)
     def register(self, *, pod_name: str, node_name: str, replica_index: int, num_envs: int) -> Worker:
@@ -177,6 +207,9 @@ class Coordinator:
         if not 0 <= num_envs <= MAX_NUM_ENVS:
             raise Refused(Refusal.INVALID, f"num_envs {num_envs}: between 0 and {MAX_NUM_ENVS}")
         with self._cond:
+            barred = self.refusals.barred(pod_name)
+            if barred is not None:
+                raise Refused(Refusal.DENIED, f"pod {pod_name or '(unnamed)'} was evicted: {barred}")
             replacing = any(w.pod_name == pod_name for w in self.members.workers()) if pod_name else False
             if len(self.members) >= self.max_members and not replacing:
                 raise Refused(
@@ -294,7 +327,9 @@ class Coordinator:
                 if self.journal is not None:  # durable before it is acknowledged
                     try:  # a stream's fragment belongs to the step that takes it (``wait_batch``)
                         epoch = None if self.board.streaming else task.epoch
-                        self.journal.record(epoch=epoch, fragment=fragment, key=task_id)
+                        self.journal.record(
+                            epoch=epoch, fragment=fragment, key=task_id, worker=self._name_of(worker_id)
+                        )
                     except OSError as exc:
                         self.journal_error = exc
                         self._cond.notify_all()
@@ -321,7 +356,7 @@ class Coordinator:
 
     def _check_fragment(self, task: TaskSpec, worker_id: str, fragment: Fragment | None) -> None:
         """Refuse (INVALID, requeueing the task) trajectories the trainer could not train on."""
-        problem = None
+        problem, counts = None, True
         if fragment is None:
             problem = f"task {task.task_id} needs a trajectory batch"
         else:
@@ -333,14 +368,74 @@ class Coordinator:
                     f"[{num_envs}, {task.steps}] (num_envs x steps)"
                 )
             else:
-                problem = missing_standard_keys(fragment.data)
-            if problem is None and self.schema is not None:
-                problem = self.schema.mismatch(TrajectorySchema.of(fragment.data))
-            problem = problem or non_finite(fragment.data)
+                found = self.trajectory_problem(fragment.data)
+                problem, counts = (found.reason, found.counts) if found is not None else (None, True)
         if problem is not None:
             self.board.requeue(task.task_id)
+            name = self._name_of(worker_id)
+            record = self.refusals.record(worker=name, task_id=task.task_id, reason=problem, counts=counts)
+            logger.warning("refused a fragment of eval worker %s (task %s): %s", name, record.task, problem)
+            if record.evicted:
+                self._evict(record)
             self._cond.notify_all()
             raise Refused(Refusal.INVALID, f"fragment refused: {problem}")
+
+    def trajectory_problem(self, data: TensorDict) -> TrajectoryProblem | None:
+        """Why the trainer could not take ``data`` (keys, spaces, finiteness, schema); None: it can."""
+        problem = missing_standard_keys(data)
+        if problem is None and self.spaces is not None:
+            problem = self.spaces.violation(data)
+        problem = problem or non_finite(data, self._finite_keys)
+        if problem is not None:
+            return TrajectoryProblem(problem)
+        mismatch = self.schema.mismatch(TrajectorySchema.of(data)) if self.schema is not None else None
+        return TrajectoryProblem(mismatch, counts=False) if mismatch is not None else None
+
+    def _evict(self, record: RefusalRecord) -> None:
+        """Remove the live workers of ``record``'s pod (their leases go back to the queue)."""
+        pod = pod_of(record.worker)
+        reason = self.refusals.evicted.get(pod, record.reason)
+        gone = [w.worker_id for w in self.members.workers() if (w.pod_name or "worker") == pod]
+        departures = [d for d in (self.members.deregister(i, reason=f"evicted: {reason}") for i in gone) if d]
+        self._forget(departures)
+        logger.warning("eval pod %s evicted: %s", pod, reason)
+
+    def _take_back(self, replayed: list[tuple[str, Fragment]]) -> list[tuple[str, Fragment]]:
+        """The journalled fragments the trainer can take; the others are quarantined (see the module doc)."""
+        kept = []
+        for key, fragment in replayed:
+            found = self.trajectory_problem(fragment.data)
+            if found is None:
+                kept.append((key, fragment))
+                continue
+            problem = found.reason
+            assert self.journal is not None
+            worker, task_id = self.journal.origin(key)
+            try:
+                where = str(self.journal.quarantine(key, reason=problem))
+            except OSError as exc:  # not trained either way; taken back (and refused) again next time
+                where = f"nowhere ({exc})"
+            record = self.refusals.record(
+                worker=worker or "(unknown)",
+                task_id=task_id,
+                reason=problem,
+                quarantined=True,
+                counts=found.counts,
+            )
+            logger.warning(
+                "quarantined an acknowledged fragment of %s (task %s) in %s: %s",
+                record.worker,
+                record.task,
+                where,
+                problem,
+            )
+            if record.evicted:
+                self._evict(record)
+        return kept
+
+    def _name_of(self, worker_id: str) -> str:
+        worker = self.members.get(worker_id)
+        return worker.name if worker is not None else worker_id.partition(".")[0]
 
     def report_loaded(self, load: WorkerLoad) -> tuple[bool, str]:
         """Record a worker's loaded version; :class:`NotRegistered` for a worker that is not a member.
@@ -373,6 +468,10 @@ class Coordinator:
             if len(reported) > 64:
                 reported.discard(min(reported, key=lambda k: k.version))
             consistent, detail = self.loads.report(load, now=self.clock())
+            if load.incarnation != self.incarnation or load.version not in self._published_versions:
+                # Only a version this trainer published has a verdict: a report of any other
+                # (a future one, or another incarnation's) must not mark the job consistent.
+                return False, f"version {load.version} of {load.incarnation!r} was never published here"
             self._version_checks.setdefault(load.version, []).append(consistent)
             for old in sorted(self._version_checks)[:-64]:
                 del self._version_checks[old]
@@ -407,6 +506,7 @@ class Coordinator:
         taken back first, and only the missing tasks are queued."""
         with self._cond:
             replayed = self.journal.replay(epoch=epoch)[: self.fragments_per_epoch] if self.journal else []
+            replayed = self._take_back(replayed)
             for key, fragment in replayed:
                 self.buffer.add(key, fragment)
             if replayed:
@@ -429,7 +529,7 @@ class Coordinator:
         checkpoint (journalled: taken by steps ``>= step`` or by none yet) come first, and count
         against the stream's capacity until the trainer takes them."""
         with self._cond:
-            replayed = self.journal.replay(since=step) if self.journal else []
+            replayed = self._take_back(self.journal.replay(since=step) if self.journal else [])
             self._replay.extend(replayed)
             self.replayed += len(replayed)
             if replayed:
@@ -509,6 +609,9 @@ class Coordinator:
     def published(self, *, version: int, fingerprint: dict[str, float] | None, incarnation: str) -> None:
         with self._cond:
             self._published_version = version
+            self._published_versions.add(version)
+            if len(self._published_versions) > 64:
+                self._published_versions.discard(min(self._published_versions))
             self.snapshot = self.snapshot.merged(EngineStatus(last_sync_time=time.time()))
         self.loads.published(incarnation, version, fingerprint)
 
@@ -530,6 +633,19 @@ class Coordinator:
         """(tasks leased and not pushed yet, lag -> trained fragments): for the metrics endpoint."""
         with self._cond:
             return len(self.board.leased()), self.progress.lag_distribution()
+
+    def refusal_summary(self) -> dict[str, Any]:
+        """The summary's account of refused and quarantined fragments (quarantined: over every
+        incarnation, from the quarantine notes), the newest refusals and the evicted pods."""
+        with self._cond:
+            ledger = self.refusals
+            quarantined = self.journal.quarantined() if self.journal is not None else ledger.quarantined
+            return {
+                "fragments_refused": ledger.refused,
+                "fragments_quarantined": quarantined,
+                "workers_evicted": sorted(ledger.evicted),
+                "refusals": [asdict(record) for record in ledger.recent],
+            }
 
     def live_workers(self) -> int:
         with self._cond:

@@ -4,8 +4,9 @@ Pure: no I/O. A :class:`TrajectorySchema` is the set of leaves of a fragment (ke
 shape after the ``[num_envs, T]`` batch dimensions). The coordinator learns it from the first
 fragment it accepts (or a policy declares it) and refuses any later fragment whose leaves differ,
 before the trainer ever sees it: a fragment with the wrong keys would otherwise crash train
-rank 0. :func:`non_finite` finds NaN or Inf in the leaves that must be finite (observations and
-rewards): one poisoned fragment would otherwise make the trainer publish NaN weights.
+rank 0. :func:`non_finite` finds NaN or Inf in the leaves that must be finite (observations,
+rewards, log-probabilities and values): one poisoned fragment would otherwise make the trainer
+publish NaN weights.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ from tensordict import TensorDictBase
 from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED, TRUNCATED
 from rlkube.data.wire import KEY_SEPARATOR
 
-#: Leaves (by their first key part) that must hold only finite numbers.
-FINITE_KEYS: frozenset[str] = frozenset({OBSERVATION, NEXT_OBSERVATION, REWARD})
+#: Leaves (by their first key part) the env wrote that must hold finite numbers unless the job
+#: allows otherwise (``spec.env.allowNonFinite``).
+ENV_FINITE_KEYS: frozenset[str] = frozenset({OBSERVATION, NEXT_OBSERVATION, REWARD})
+#: Leaves the policy wrote that must always be finite: what its loss is computed against.
+POLICY_FINITE_KEYS: frozenset[str] = frozenset({"log_prob", "value"})
+FINITE_KEYS: frozenset[str] = ENV_FINITE_KEYS | POLICY_FINITE_KEYS
 #: Leaves (by their first key part) every fragment has: the rollout always writes them.
 STANDARD_KEYS: tuple[str, ...] = (OBSERVATION, REWARD, TERMINATED, TRUNCATED, NEXT_OBSERVATION)
 

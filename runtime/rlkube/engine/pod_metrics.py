@@ -40,6 +40,9 @@ def rank_zero_figures(coordinator: Coordinator) -> series.RankZeroFigures:
         fragments_acknowledged=progress.fragments,
         fragments_dropped_stale=progress.dropped_stale,
         duplicate_pushes=progress.duplicates,
+        fragments_refused=status.fragments_refused,
+        fragments_quarantined=status.fragments_quarantined,
+        eval_pods_evicted=status.workers_evicted,
         lag_counts=lags,
         node_lag={node.node_name: node.lag for node in status.nodes},
     )

@@ -6,6 +6,7 @@
       job.yaml              the resolved job (after --set overrides)
       checkpoints/          ckpt-<epoch>/ and COMPLETE.json (see rlkube.engine.checkpoint)
       tensorboard/          event files (tensorboard --logdir <run_dir>/tensorboard)
+      quarantine/           fragments set aside untrained, each with a .json note (rlkube.coordinator.journal)
       learning_curve.png
       summary.json
 """
@@ -34,6 +35,10 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.run_dir / "quarantine"
 
     @property
     def tensorboard(self) -> Path:

@@ -284,7 +284,9 @@ class RankZeroEngine:
                 return batch
             waited += 1.0
             if waited >= 5 and self.coordinator.live_workers() == 0:
-                self.coordinator.update(EngineStatus(message=f"waiting for eval workers ({what})"))
+                evicted = len(self.coordinator.refusals.evicted)
+                why = f"; {evicted} eval pods evicted for refused fragments" if evicted else ""
+                self.coordinator.update(EngineStatus(message=f"waiting for eval workers ({what}){why}"))
 
     def evaluate(self, *, epoch: int, version: int) -> float | None:
         episodes = self.spec.train.eval_episodes
@@ -407,9 +409,10 @@ class RankZeroEngine:
     def incarnation_counts(self) -> dict[str, Any]:
         """Acknowledged, trained and dropped fragments over every incarnation (from the journal).
 
-        In the surviving history every acknowledged fragment is trained on, dropped as stale or still
-        queued when the run ends (async) exactly once: ``fragments_acknowledged_total ==
-        fragments_trained_total + fragments_dropped_total + fragments_queued_at_end``.
+        In the surviving history every acknowledged fragment is trained on, dropped as stale,
+        quarantined or still queued when the run ends (async) exactly once:
+        ``fragments_acknowledged_total == fragments_trained_total + fragments_dropped_total +
+        fragments_quarantined_total + fragments_queued_at_end``.
         """
         journal = self.coordinator.journal
         if journal is None:
@@ -431,6 +434,7 @@ class RankZeroEngine:
             "fragments_dropped_total": sum(dropped.values()),
             "fragments_queued_at_end": queued,
             "fragments_replayed": self.coordinator.replayed,
+            "fragments_quarantined_total": journal.quarantined(),
         }
 
     def finish(
@@ -452,7 +456,7 @@ class RankZeroEngine:
             )
             paths["checkpoint"] = str(latest.path if current and latest is not None else self.save(tracker))
         checks = self.fingerprint_checks
-        details = {**details, **self.incarnation_counts()}
+        details = {**details, **self.incarnation_counts(), **self.coordinator.refusal_summary()}
         if self.store.moved_aside:  # named in summary.json and by `rlkube run`
             details = {**details, "corrupt_checkpoints": [str(t) for _, t in self.store.moved_aside]}
         first = self.coordinator.first_registration_at

@@ -180,6 +180,8 @@ class EvalWorker:
                 response = self.client.register(request, retry_for=30.0, should_stop=self.stop.is_set)
             except CoordinatorError as exc:
                 logger.info("waiting for the coordinator (%.0f s): %s", time.monotonic() - started, exc)
+                if exc.code is not None and exc.code.name == "PERMISSION_DENIED":
+                    self.stop.wait(10.0)  # evicted (its fragments were refused): not worth a tight loop
                 continue
             self.worker_id = response.worker_id
             incarnation = response.incarnation or None
@@ -205,9 +207,12 @@ class EvalWorker:
         try:
             reply = self.client.heartbeat(pb.HeartbeatRequest(worker_id=self.worker_id))
         except CoordinatorError as exc:
-            logger.debug("heartbeat failed: %s", exc)
+            if exc.code is not None and exc.code.name == "NOT_FOUND":
+                self._registered.clear()  # the coordinator restarted or expired us
+            else:
+                logger.debug("heartbeat failed: %s", exc)
             return
-        if not reply.known:
+        if not reply.known:  # a coordinator that predates answering NOT_FOUND
             self._registered.clear()
 
     def _incarnation_gone(self, plane: EvalWeightPlane) -> bool:

@@ -14,6 +14,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -49,9 +50,33 @@ def describe_status(status: pb.JobStatus) -> str:
     )
     if lag:
         text += f" | nodes: {lag}"
+    if status.fragments_refused or status.fragments_quarantined:
+        text += f" | refused {status.fragments_refused}, quarantined {status.fragments_quarantined}"
+        if status.refusals:
+            newest = status.refusals[-1]
+            text += f" (newest: {newest.worker} {newest.task}: {newest.reason[:120]})"
+        if status.workers_evicted:
+            text += f", {status.workers_evicted} evicted"
     if status.message:
         text += f" | {status.message}"
     return text
+
+
+def print_refusals(data: dict[str, Any], paths: RunPaths) -> None:
+    """The summary's refused and quarantined fragments, each with its worker, and the evicted pods."""
+    refused, quarantined = data.get("fragments_refused", 0), data.get("fragments_quarantined", 0)
+    if not refused and not quarantined:
+        return
+    print(
+        f"  refused     {refused} fragments refused at the edge, {quarantined} quarantined"
+        + (f" (in {paths.quarantine})" if quarantined else "")
+    )
+    for record in data.get("refusals", []):
+        how = "quarantined" if record.get("quarantined") else "refused"
+        evicted = "; its pod was evicted" if record.get("evicted") else ""
+        print(f"              {how}: {record['worker']} task {record['task']}: {record['reason']}{evicted}")
+    for pod in data.get("workers_evicted", []):
+        print(f"  evicted     eval pod {pod} (its fragments were refused repeatedly)")
 
 
 class StatusLine:
@@ -171,6 +196,7 @@ def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int
     if "fingerprint_checks" in data:
         verdict = "consistent" if data.get("fingerprints_consistent") else "INCONSISTENT"
         print(f"  weights     train/eval fingerprints {verdict} over {data['fingerprint_checks']} versions")
+    print_refusals(data, paths)
     if "weight_wait_fraction" in data:
         line = (
             f"  rollouts    {data.get('fragments_acknowledged', 0)} fragments; eval workers waited"

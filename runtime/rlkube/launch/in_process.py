@@ -36,7 +36,7 @@ from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.trainer import TrainContext
 from rlkube.engine.worker import EvalWorker
 from rlkube.launch.results import summary_from_json
-from rlkube.launch.train import ENGINES, env_meta
+from rlkube.launch.train import ENGINES, env_meta, trajectory_spaces
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import PolicySpec, RLJob, WeightStrategy
 from rlkube.weights.in_process import InProcessPublisher, in_process_plane
@@ -141,8 +141,10 @@ class InProcessRun:
             return summary
         # As train rank 0 of a pod: seed, build the TRAIN policy, then the engine restores and publishes.
         seed_everything(spec.train.seed)
-        self.train_policy.init_train(spec.train, env_meta=env_meta(job))
-        coordinator = Coordinator(job, world_size=1)
+        meta = env_meta(job)
+        self.train_policy.init_train(spec.train, env_meta=meta)
+        spaces = trajectory_spaces(meta, type(self.train_policy))
+        coordinator = Coordinator(job, world_size=1, spaces=spaces)
         publisher = InProcessPublisher(incarnation=coordinator.incarnation)
         ctx = TrainContext(
             job=job,

@@ -34,6 +34,7 @@ from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.journal import JOURNAL_DIR, AckJournal
 from rlkube.coordinator.service import CoordinatorServer
 from rlkube.coordinator.state import Coordinator, EngineStatus
+from rlkube.data.spaces import TrajectorySpaces
 from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.disk import check_writable
@@ -47,6 +48,7 @@ from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.sync_engine import SyncEngine
 from rlkube.engine.trainer import RankZeroEngine, Stopped, TrainContext, follow
 from rlkube.envs.group import EnvGroup
+from rlkube.envs.types import EnvMeta
 from rlkube.health import POD
 from rlkube.launch.devices import bind_train_device
 from rlkube.launch.progress import PlainProgress
@@ -67,7 +69,7 @@ ENGINES: dict[Engine, type[RankZeroEngine]] = {
 }
 
 
-def env_meta(job: RLJob):
+def env_meta(job: RLJob) -> EnvMeta:
     """The spaces of the job's env (train ranks build networks without running rollouts).
 
     One env in process; envpool keeps its backend (its ids are not gymnasium's).
@@ -77,6 +79,13 @@ def env_meta(job: RLJob):
     with EnvGroup.from_spec(spec, base_seed=job.spec.train.seed) as group:
         group.reset()
         return group.meta
+
+
+def trajectory_spaces(meta: EnvMeta, policy_cls: type[BasePolicy]) -> TrajectorySpaces:
+    """What the coordinator checks fragments against: the env's spaces as rank 0 built them."""
+    return TrajectorySpaces.of(
+        meta.observation_space, meta.action_space, action_bounds=policy_cls.actions_within_bounds
+    )
 
 
 def rank_host(env: PodEnv, rank: int) -> str:
@@ -159,7 +168,9 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             journal_dir = paths.checkpoints / JOURNAL_DIR
             if not job.spec.checkpoint.resume:
                 shutil.rmtree(journal_dir, ignore_errors=True)  # a fresh start replays nothing
-            coordinator.journal = AckJournal(journal_dir, incarnation=coordinator.incarnation).open()
+            coordinator.journal = AckJournal(
+                journal_dir, incarnation=coordinator.incarnation, quarantine=paths.quarantine
+            ).open()
         bind_coordinator(coordinator)  # rank 0's /metrics reads it
         server = CoordinatorServer(
             coordinator,
@@ -200,7 +211,10 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             )
         seed_everything(job.spec.train.seed + env.rank)
         policy = policy_cls(job.spec.policy, PolicyRole.TRAIN)
-        policy.init_train(job.spec.train, env_meta=env_meta(job))
+        meta = env_meta(job)
+        policy.init_train(job.spec.train, env_meta=meta)
+        if coordinator is not None:  # before any task is queued: every fragment is checked against them
+            coordinator.spaces = trajectory_spaces(meta, policy_cls)
         channel = RankChannel()
         # Every rank serves its copy (Sharded receivers fetch ranges from all of them) under one
         # incarnation, the coordinator's: eval workers learn it when they register, and fetches and

@@ -99,6 +99,9 @@ class RankZeroFigures:
     fragments_acknowledged: int = 0
     fragments_dropped_stale: int = 0
     duplicate_pushes: int = 0
+    fragments_refused: int = 0
+    fragments_quarantined: int = 0
+    eval_pods_evicted: int = 0
     #: lag -> trained fragments with that lag
     lag_counts: Mapping[int, int] = field(default_factory=dict)
     #: node -> versions behind the published one
@@ -185,6 +188,21 @@ def _rank_zero_families(f: RankZeroFigures) -> Iterator[Metric]:
         "rlkube_fragments_duplicate_pushes",
         "Pushes of an already acknowledged task (retries), counted nowhere else.",
         value=f.duplicate_pushes,
+    )
+    yield CounterMetricFamily(
+        "rlkube_fragments_refused",
+        "Pushes refused for their trajectories (the env's spaces, the schema, non-finite values).",
+        value=f.fragments_refused,
+    )
+    yield CounterMetricFamily(
+        "rlkube_fragments_quarantined",
+        "Acknowledged fragments set aside untrained when taken back from the journal (this rank 0).",
+        value=f.fragments_quarantined,
+    )
+    yield GaugeMetricFamily(
+        "rlkube_train_eval_pods_evicted",
+        "Eval pods barred from registering for repeatedly refused or quarantined fragments.",
+        value=f.eval_pods_evicted,
     )
     yield lag_histogram(f.lag_counts)
     nodes = GaugeMetricFamily(

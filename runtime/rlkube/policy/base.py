@@ -111,6 +111,10 @@ class BasePolicy(nn.Module, ABC):
     #: The ``spec.buffer.type`` values this policy can learn from; a job asking for another one is
     #: refused before it starts (``rlkube validate``, ``rlkube run`` and the pods check it).
     supported_buffers: ClassVar[frozenset[BufferType]] = frozenset(BufferType)
+    #: True: this policy's continuous (Box) actions always lie inside the action space's bounds, so
+    #: the coordinator refuses fragments whose actions do not (``rlkube.data.spaces``). False (the
+    #: default, and PPO's: Gaussian samples the env clips): only shape, dtype and finiteness.
+    actions_within_bounds: ClassVar[bool] = False
 
     def __init__(self, config: PolicySpec, role_type: PolicyRole | str) -> None:
         super().__init__()
