@@ -18,6 +18,13 @@ from rlkube.utils.profiler import profiler
 MODULES: dict[str, tuple[str, ...]] = {
     "models.vision": ("NatureCNN",),
     "models.mlp": (),
+    "models.toy_model": ("NatureCNN",),
+    "env": ("EnvMeta", "EnvGroup"),
+    "utils.utils": ("to_device",),
+    "utils.config": ("Config", "PolicyConfig", "TrainConfig", "MainConfig", "BufferConfig"),
+    "utils.distributed.collective": ("all_reduce_dict",),
+    "utils.distributed.group_initializer": ("ParallelMode",),
+    "utils.distributed.comm_context": ("CommContext",),
     "policy": ("BasePolicy",),
     "policy.base_policy": ("BasePolicy", "PolicyRole"),
     "policy.utils.losses": (
@@ -179,3 +186,42 @@ def test_load_modules_from_config_imports_what_imports_lists() -> None:
     load_modules_from_config({})
     with pytest.raises(ImportError, match="no_such_module"):
         load_modules_from_config({"imports": ["no_such_module"]})
+
+
+# ---------------------------------------------------------------------------- utils, toy model
+
+
+def test_to_device_moves_tensors_inside_containers_and_turns_arrays_into_tensors() -> None:
+    from rlkube.utils.utils import to_device
+    from tensordict import TensorDict
+
+    moved = to_device(
+        {"a": [torch.zeros(1), np.ones(2)], "b": (TensorDict({"x": torch.ones(1)}, batch_size=[1]), "text")},
+        "cpu",
+    )
+    assert isinstance(moved["a"][1], torch.Tensor)
+    assert moved["b"][1] == "text"
+    assert isinstance(moved["b"], tuple)
+
+
+def test_all_reduce_dict_on_one_rank_returns_the_values_as_floats() -> None:
+    from rlkube.utils.distributed.collective import all_reduce_dict
+    from rlkube.utils.distributed.comm_context import CommContext
+    from rlkube.utils.distributed.group_initializer import ParallelMode
+
+    assert all_reduce_dict({"b": torch.tensor(2.0), "a": 1}, ParallelMode.TRAIN_DATA_PARALLEL) == {
+        "a": 1.0,
+        "b": 2.0,
+    }
+    assert CommContext().get_group(ParallelMode.TRAIN_DATA_PARALLEL) is None
+    assert CommContext().get_world_size() == 1
+
+
+def test_toy_nature_cnn_concatenates_image_and_state_features() -> None:
+    from rlkube.models.toy_model import NatureCNN as ToyCNN
+
+    sample = {"rgb": torch.zeros(2, 64, 64, 3, dtype=torch.uint8), "state": torch.zeros(2, 5)}
+    encoder = ToyCNN(sample)
+    assert encoder.out_features == 512
+    assert encoder(sample).shape == (2, 512)
+    assert ToyCNN({"rgb": sample["rgb"]})(sample).shape == (2, 256)
