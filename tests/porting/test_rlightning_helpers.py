@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -154,3 +156,65 @@ def test_sync_routers_take_policies_in_turn_and_by_node() -> None:
     assert isinstance(create_router("async", "simple", []), SimpleRouter)
     with pytest.raises(ValueError, match="global_resource_manager"):
         create_router("sync", "node_affinity", ["p"])
+
+
+# ---------------------------------------------------------------------------- the VLA-PPO family's loss path
+
+
+@pytest.mark.parametrize("logprob_type", ["token_level", "action_level", "chunk_level"])
+def test_vla_ppo_s_loss_path_shapes_chunked_actions_and_reduces_to_the_hand_worked_loss(
+    logprob_type: str,
+) -> None:
+    from rlkube.policy.utils.utils import append_to_dict, postprocess_loss_metric, preprocess_loss_inputs
+
+    batch, chunks, action_dim = 4, 2, 3
+    logprobs = torch.zeros(batch, chunks * action_dim, requires_grad=True)
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    kwargs = preprocess_loss_inputs(
+        logprobs=logprobs,
+        old_logprobs=torch.zeros(batch, chunks * action_dim),
+        advantages=torch.tensor([1.0, 2.0, 3.0, 4.0]),
+        logprob_type=logprob_type,
+        single_action_dim=action_dim,
+        values=values,
+        prev_values=values.detach(),
+        returns=values.detach(),
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        value_clip=0.2,
+        huber_delta=10.0,
+    )
+    assert kwargs["clip_ratio_low"] == 0.2
+    assert kwargs["advantages"].dim() == kwargs["logprobs"].dim()
+    loss, metrics = compute_ppo_actor_critic_loss(**kwargs)
+    torch.testing.assert_close(loss, torch.tensor(-2.5))  # ratio 1: -mean(A); V == R: no value loss
+    loss.backward()
+    assert logprobs.grad is not None
+    collected: dict[str, list[float]] = {}
+    append_to_dict(collected, postprocess_loss_metric(metrics))
+    assert collected["critic/value_loss"] == [0.0]
+    with pytest.raises(ValueError, match="single_action_dim"):
+        preprocess_loss_inputs(logprobs, logprobs, torch.zeros(batch), logprob_type=logprob_type)
+
+
+def _average_over_two_ranks(rank: int, store_path: str, results: Any) -> None:
+    import torch.distributed as dist
+    from rlkube.utils.distributed.collective import all_reduce_dict
+    from rlkube.utils.distributed.group_initializer import ParallelMode
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    try:
+        results[rank] = all_reduce_dict(
+            {"loss": float(rank + 1)}, comm_mode=ParallelMode.TRAIN_DATA_PARALLEL, op=dist.ReduceOp.AVG
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_reduce_dict_averages_over_gloo_ranks_as_vla_ppo_asks(tmp_path: Any) -> None:
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_average_over_two_ranks, args=(str(tmp_path / "store"), results), nprocs=2, join=True)
+        assert dict(results) == {0: {"loss": 1.5}, 1: {"loss": 1.5}}

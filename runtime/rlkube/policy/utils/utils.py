@@ -58,6 +58,61 @@ def expand_to_target_dim(tensor: torch.Tensor | None, target_shape: torch.Size) 
     return tensor
 
 
+def preprocess_loss_inputs(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    logprob_type: str | None = None,
+    single_action_dim: int | None = None,
+    loss_mask: torch.Tensor | None = None,
+    loss_mask_sum: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    prev_values: torch.Tensor | None = None,
+    returns: torch.Tensor | None = None,
+    reward_type: str | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Shape the loss inputs of chunked actions alike, then return them with ``kwargs``.
+
+    ``reward_type="chunk_level"`` flattens the per-step tensors (advantages, masks, values,
+    returns). Log-probabilities ``[B, chunks * action_dim]`` are read as ``[B, chunks, action_dim]``
+    per token (``logprob_type="token_level"``: the advantages and masks gain an axis), summed over
+    the action dims (``"action_level"``) or over the whole chunk (``"chunk_level"``). Every other
+    tensor then gains trailing axes of 1 to broadcast against the log-probabilities.
+    """
+    if reward_type == "chunk_level":
+        advantages = advantages.flatten()
+        loss_mask, loss_mask_sum, values, prev_values, returns = (
+            None if t is None else t.flatten()
+            for t in (loss_mask, loss_mask_sum, values, prev_values, returns)
+        )
+    if logprob_type in ("token_level", "action_level", "chunk_level"):
+        if single_action_dim is None:
+            raise ValueError(f"logprob_type {logprob_type!r} needs single_action_dim")
+        batch = logprobs.shape[0]
+        logprobs = logprobs.reshape(batch, -1, single_action_dim)
+        old_logprobs = old_logprobs.reshape(batch, -1, single_action_dim)
+        if logprob_type == "token_level":
+            advantages = advantages.unsqueeze(-1)
+            loss_mask = None if loss_mask is None else loss_mask.unsqueeze(-1)
+            loss_mask_sum = None if loss_mask_sum is None else loss_mask_sum.unsqueeze(-1)
+        else:
+            summed = -1 if logprob_type == "action_level" else [1, 2]
+            logprobs, old_logprobs = logprobs.sum(dim=summed), old_logprobs.sum(dim=summed)
+    target = logprobs.shape
+    kwargs.update(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=expand_to_target_dim(advantages, target),
+        loss_mask=expand_to_target_dim(loss_mask, target),
+        loss_mask_sum=expand_to_target_dim(loss_mask_sum, target),
+        values=expand_to_target_dim(values, target),
+        prev_values=expand_to_target_dim(prev_values, target),
+        returns=expand_to_target_dim(returns, target),
+    )
+    return kwargs
+
+
 def postprocess_loss_metric(metrics_data: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Turn tensor figures into Python numbers, in place (for logging)."""
     for key, value in metrics_data.items():

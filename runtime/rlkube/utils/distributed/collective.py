@@ -20,14 +20,20 @@ def all_reduce_dict(
     """Every rank gets ``op`` over all ranks of each value (SUM by default, as in RLightning).
 
     One rank, or no process group: the values themselves, as floats. The tensor travels on CUDA
-    when the group's backend is NCCL, else on the CPU.
+    when the group's backend is NCCL, else on the CPU; ``ReduceOp.AVG`` (which RLightning's VLA
+    policy uses) works on gloo too.
     """
     keys = sorted(dictionary)
     values = [float(dictionary[key]) for key in keys]
     group = CommContext().get_group(comm_mode)
     if group is None or dist.get_world_size() == 1:
         return dict(zip(keys, values, strict=True))
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu"
     tensor = torch.tensor(values, dtype=dtype, device=device)
-    dist.all_reduce(tensor, op=op, group=group)
+    if op == dist.ReduceOp.AVG and not nccl:  # gloo has no AVG: the sum over the ranks, divided
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        tensor /= dist.get_world_size()
+    else:
+        dist.all_reduce(tensor, op=op, group=group)
     return dict(zip(keys, tensor.tolist(), strict=True))
