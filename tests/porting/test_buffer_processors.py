@@ -149,3 +149,21 @@ def test_a_postprocess_that_cannot_take_env_ret_and_response_is_not_a_per_step_h
     assert not takes_env_ret_and_response(policies.rlightning_shipped)
     assert takes_env_ret_and_response(policies.guide)
     assert takes_env_ret_and_response(policies.open_ended)
+
+
+def test_a_job_whose_gae_bootstraps_from_a_policy_without_get_value_is_refused_before_it_runs() -> None:
+    from rlkube.contract import FailureReason
+    from rlkube.launch.preflight import preflight
+
+    refused = preflight(parse_job(job_with_buffer({"processors": [{"type": "GAE"}]})))  # the built-in PPO
+    assert refused.refusal is not None
+    assert refused.refusal.reason is FailureReason.BUFFER_NOT_SUPPORTED
+    assert (
+        "spec.buffer.processors[0] (GAE): bootstrap 'policy' needs PPO.get_value" in refused.refusal.message
+    )
+    unbootstrapped = job_with_buffer(
+        {"processors": [{"type": "GAE", "bootstrap": "none"}, {"type": "Flatten"}]}
+    )
+    accepted = preflight(parse_job(unbootstrapped))
+    assert accepted.ok, accepted.refusal
+    assert "spec.buffer.processors: GAE, Flatten can run for PPO" in accepted.checked
