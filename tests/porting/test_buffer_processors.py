@@ -167,3 +167,13 @@ def test_a_job_whose_gae_bootstraps_from_a_policy_without_get_value_is_refused_b
     accepted = preflight(parse_job(unbootstrapped))
     assert accepted.ok, accepted.refusal
     assert "spec.buffer.processors: GAE, Flatten can run for PPO" in accepted.checked
+
+
+def test_get_value_is_asked_once_per_share_even_when_every_row_ended_terminated() -> None:
+    data = two_rows()
+    data["terminated"][:, -1] = True
+    critic = Critic()
+    out = apply_processors([GAE], data, value_fn=value_fn_of(critic))
+    # one call on every train rank keeps DDP's per-forward collectives in step; the values are unused
+    assert len(critic.asked) == 1
+    torch.testing.assert_close(out["advantages"][0], torch.tensor([0.0, -1.0, -1.0]))  # no bootstrap at t=2

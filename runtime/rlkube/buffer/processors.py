@@ -8,8 +8,9 @@ Pure (tensors in, tensors out). The train rank applies the job's processors in o
   the built-in PPO's own (:func:`rlkube.policy.builtin.ppo_math.gae`): the one-step bootstrap is
   cut where an episode terminated; where a row is cut without termination (a truncated episode,
   or the fragment's last step) it bootstraps from V(next_observation), which only the policy can
-  give: its ``get_value(observations)``; within an episode V(next_observation_t) is the value
-  collected at step t+1. ``bootstrap: none`` treats every cut as an episode end instead.
+  give: its ``get_value(observations)``, called once per share with the next observations of
+  every cut; within an episode V(next_observation_t) is the value collected at step t+1.
+  ``bootstrap: none`` treats every cut as an episode end instead.
 * ``Flatten`` turns ``[rows, T]`` into ``[rows * T]`` transitions, the shape RLightning's rollout
   buffer samples (a policy that minibatches with ``data[idx]`` then draws transitions).
 """
@@ -74,14 +75,15 @@ def with_gae(
         terminated = terminated | cut
     next_values = torch.zeros_like(values)
     next_values[:, :-1] = values[:, 1:]
-    needs = cut & ~terminated
-    if bool(needs.any()):
+    if settings.bootstrap == "policy":
         if value_fn is None:
             raise ProcessorError(
                 f"{where} bootstraps cut rows from the policy's get_value(observations), and there is none "
                 "here; define get_value on the policy or set bootstrap: none"
             )
-        next_values[needs] = _bootstrap(value_fn, data[NEXT_OBSERVATION][needs], where=where)
+        # Every cut, terminated ones too (gae ignores their value): the last step of every row is a
+        # cut, so each train rank calls get_value exactly once per step, as DDP's collectives need.
+        next_values[cut] = _bootstrap(value_fn, data[NEXT_OBSERVATION][cut], where=where)
     advantages, returns = gae(
         data[REWARD].float(),
         values,

@@ -32,9 +32,6 @@ FEATURES = 256
 class NatureCNN(nn.Module):
     """Image batch -> ``[B, out_feature_dim]`` features; see the module docstring."""
 
-    mean: torch.Tensor
-    std: torch.Tensor
-
     def __init__(
         self,
         standard_input_size: tuple[int, int] = (84, 84),
@@ -51,17 +48,9 @@ class NatureCNN(nn.Module):
         self.trunk = encoders.NatureCNN(
             (in_channels, *self.standard_input_size), layout="chw", features=FEATURES
         )
-        normalise = in_channels == len(IMAGENET_MEAN)
-        self.register_buffer(
-            "mean",
-            torch.tensor(IMAGENET_MEAN).view(1, -1, 1, 1) if normalise else torch.zeros(1),
-            persistent=False,
-        )
-        self.register_buffer(
-            "std",
-            torch.tensor(IMAGENET_STD).view(1, -1, 1, 1) if normalise else torch.ones(1),
-            persistent=False,
-        )
+        # Constants, not buffers: DDP would broadcast buffers before every forward.
+        self._normalise = in_channels == len(IMAGENET_MEAN)
+        self._statistics: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, obs: torch.Tensor | np.ndarray) -> torch.Tensor:
         if isinstance(obs, np.ndarray):
@@ -71,12 +60,24 @@ class NatureCNN(nn.Module):
                 f"NatureCNN(image_format={self.image_format!r}) takes a batch of images "
                 f"[B, {'H, W, C' if self.image_format == 'HWC' else 'C, H, W'}], got shape {tuple(obs.shape)}"
             )
-        x = obs.to(self.mean.device, torch.float32)
+        device = next(self.trunk.parameters()).device
+        x = obs.to(device, torch.float32)
         if self.image_format == "HWC":
             x = x.permute(0, 3, 1, 2)
         if x.max() > 1.0:
             x = x / 255.0
         if tuple(x.shape[-2:]) != self.standard_input_size:
             x = F.interpolate(x, size=self.standard_input_size, mode="bicubic", align_corners=False)
-        x = (x - self.mean) / self.std
+        if self._normalise:
+            mean, std = self._colour_statistics(device)
+            x = (x - mean) / std
         return self.trunk(x)
+
+    def _colour_statistics(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """ImageNet's per-channel mean and std as ``[1, 3, 1, 1]`` tensors on ``device`` (made once)."""
+        if device not in self._statistics:
+            self._statistics[device] = (
+                torch.tensor(IMAGENET_MEAN, device=device).view(1, -1, 1, 1),
+                torch.tensor(IMAGENET_STD, device=device).view(1, -1, 1, 1),
+            )
+        return self._statistics[device]
