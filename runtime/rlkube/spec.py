@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -258,10 +258,44 @@ class PolicySpec(_Model):
         "e.g. {ppo_epochs: 4, minibatch_size: 64, clip_ratio: 0.2, entropy_coef: 0.01}.",
     )
     weight_buffer: WeightBufferSpec = Field(default_factory=WeightBufferSpec)
+    extra: Config = Field(
+        default_factory=Config,
+        description="RLightning policy keys that have no field here (free-form), each read as "
+        "self.config.<key>, e.g. {ppo_cfg: {clip_ratio: 0.2}, sampling_params: {...}}.",
+    )
 
     @property
     def weight_buffer_strategy(self) -> str:
         return self.weight_buffer.strategy.value
+
+    @model_validator(mode="after")
+    def _extra_adds_only_new_keys(self) -> PolicySpec:
+        fields = {key for name, info in type(self).model_fields.items() for key in (name, info.alias) if key}
+        taken = sorted(key for key in self.extra if key in fields or key.startswith("_"))
+        if taken:
+            raise ValueError(
+                f"extra: {', '.join(taken)} cannot be an extra key (a field of spec.policy, or private); "
+                "set the field itself"
+            )
+        return self
+
+    if not TYPE_CHECKING:  # at runtime only: type checkers keep seeing the declared fields alone
+
+        def __getattr__(self, name: str) -> Any:
+            """``self.config.ppo_cfg``: a key of :attr:`extra`, as RLightning reads its policy section."""
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                extra = self.__dict__.get("extra")
+                if name.startswith("_") or extra is None:
+                    raise
+                if name in extra:
+                    return extra[name]
+                known = ", ".join(sorted(extra)) or "none"
+                raise AttributeError(
+                    f"spec.policy has no {name!r}: RLightning policy keys without a field of their own "
+                    f"go under spec.policy.extra (its keys: {known})"
+                ) from None
 
 
 # ---------------------------------------------------------------------------- env wrappers

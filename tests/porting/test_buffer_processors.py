@@ -177,3 +177,21 @@ def test_get_value_is_asked_once_per_share_even_when_every_row_ended_terminated(
     # one call on every train rank keeps DDP's per-forward collectives in step; the values are unused
     assert len(critic.asked) == 1
     torch.testing.assert_close(out["advantages"][0], torch.tensor([0.0, -1.0, -1.0]))  # no bootstrap at t=2
+
+
+def test_rlightning_policy_keys_without_a_field_read_as_attributes_through_extra() -> None:
+    import pickle
+
+    document = copy.deepcopy(MINIMAL_JOB)
+    document["spec"]["policy"] = {"extra": {"ppo_cfg": {"clip_ratio": 0.2}, "length_params": [1, 2]}}
+    config = parse_job(document).spec.policy
+    assert config.ppo_cfg.clip_ratio == 0.2  # type: ignore[attr-defined]
+    assert config.length_params == [1, 2]  # type: ignore[attr-defined]
+    assert pickle.loads(pickle.dumps(config)).ppo_cfg == {"clip_ratio": 0.2}
+    assert copy.deepcopy(config).ppo_cfg.clip_ratio == 0.2
+    with pytest.raises(AttributeError, match=r"spec.policy.extra \(its keys: length_params, ppo_cfg\)"):
+        config.sampling_params  # type: ignore[attr-defined]  # noqa: B018
+    for taken in ("model_cfg", "modelCfg"):
+        document["spec"]["policy"] = {"extra": {taken: {}}}
+        with pytest.raises(SpecError, match=f"{taken} cannot be an extra key"):
+            parse_job(document)
