@@ -26,10 +26,12 @@ class Config(dict[str, Any]):
             self[str(key)] = _wrap(value, f"{path}.{key}" if path else str(key))
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy and pickle probe hooks (__setstate__, ...) before __init__ ran
+            raise AttributeError(name)
         try:
             return self[name]
         except KeyError:
-            where = self._path or "config"
+            where = self.__dict__.get("_path") or "config"
             known = ", ".join(sorted(self)) or "none"
             raise AttributeError(f"{where} has no key {name!r} (keys: {known})") from None
 

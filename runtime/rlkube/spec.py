@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -252,11 +252,50 @@ class PolicySpec(_Model):
     model_cfg: Config = Field(default_factory=Config, description="Passed to construct_network (free-form).")
     optim_cfg: Config = Field(default_factory=Config, description="Passed to setup_optimizer (free-form).")
     algo_cfg: Config = Field(default_factory=Config, description="Algorithm hyperparameters (free-form).")
+    train_config: Config = Field(
+        default_factory=Config,
+        description="RLightning's policy.train_config (free-form), read as self.config.train_config, "
+        "e.g. {ppo_epochs: 4, minibatch_size: 64, clip_ratio: 0.2, entropy_coef: 0.01}.",
+    )
     weight_buffer: WeightBufferSpec = Field(default_factory=WeightBufferSpec)
+    extra: Config = Field(
+        default_factory=Config,
+        description="RLightning policy keys that have no field here (free-form), each read as "
+        "self.config.<key>, e.g. {ppo_cfg: {clip_ratio: 0.2}, sampling_params: {...}}.",
+    )
 
     @property
     def weight_buffer_strategy(self) -> str:
         return self.weight_buffer.strategy.value
+
+    @model_validator(mode="after")
+    def _extra_adds_only_new_keys(self) -> PolicySpec:
+        fields = {key for name, info in type(self).model_fields.items() for key in (name, info.alias) if key}
+        taken = sorted(key for key in self.extra if key in fields or key.startswith("_"))
+        if taken:
+            raise ValueError(
+                f"extra: {', '.join(taken)} cannot be an extra key (a field of spec.policy, or private); "
+                "set the field itself"
+            )
+        return self
+
+    if not TYPE_CHECKING:  # at runtime only: type checkers keep seeing the declared fields alone
+
+        def __getattr__(self, name: str) -> Any:
+            """``self.config.ppo_cfg``: a key of :attr:`extra`, as RLightning reads its policy section."""
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                extra = self.__dict__.get("extra")
+                if name.startswith("_") or extra is None:
+                    raise
+                if name in extra:
+                    return extra[name]
+                known = ", ".join(sorted(extra)) or "none"
+                raise AttributeError(
+                    f"spec.policy has no {name!r}: RLightning policy keys without a field of their own "
+                    f"go under spec.policy.extra (its keys: {known})"
+                ) from None
 
 
 # ---------------------------------------------------------------------------- env wrappers
@@ -456,6 +495,51 @@ class EnvSpec(_Model):  # type: ignore[no-redef]  # mypy's pydantic plugin: a fi
     )
 
 
+class GAEProcessor(_Model):
+    """Advantages and returns as RLightning's rollout buffer hands them over (``data["advantages"]``,
+    ``data["returns"]``), from the values the policy returned while collecting (GAE)."""
+
+    type: Literal["GAE"]
+    gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE's lambda.")
+    normalize: bool = Field(
+        True,
+        description="Advantages to zero mean and unit std over the train rank's share (returns stay raw).",
+    )
+    value_key: Annotated[str, StringConstraints(min_length=1)] = Field(
+        "value", description="The PolicyResponse field holding V(observation)."
+    )
+    bootstrap: Literal["policy", "none"] = Field(
+        "policy",
+        description="Where a row is cut (a truncated episode, the fragment's end): 'policy' bootstraps "
+        "from the policy's get_value(next_observation), as the built-in PPO does; 'none' treats the cut "
+        "as an episode end.",
+    )
+
+
+class FlattenProcessor(_Model):
+    """``[rows, T]`` fragments -> ``[rows * T]`` transitions, the shape RLightning's buffer samples."""
+
+    type: Literal["Flatten"]
+
+
+PROCESSOR_TYPES = ("GAE", "Flatten")
+
+ProcessorSpec = Annotated[
+    GAEProcessor | FlattenProcessor,
+    Field(discriminator="type"),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"type": "string", "enum": list(PROCESSOR_TYPES)}},
+            "additionalProperties": True,
+            "description": "One buffer processor: type and its settings (see docs/rljob-reference.md).",
+        }
+    ),
+]
+
+
 class BufferSpec(_Model):
     """``buffer``: trajectory storage on the coordinator."""
 
@@ -465,6 +549,29 @@ class BufferSpec(_Model):
         description="Rollout: fragments held before eval workers are told to wait (back-pressure). "
         "Replay: transitions kept.",
     )
+    processors: list[ProcessorSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Applied in order to each train rank's share before update_dataset (rollout only).",
+    )
+
+    @model_validator(mode="after")
+    def _processors_fit(self) -> BufferSpec:
+        flattened_at: int | None = None
+        for index, processor in enumerate(self.processors):
+            if self.type is BufferType.REPLAY:
+                raise ValueError(
+                    f"processors[{index}] ({processor.type}): buffer processors work on rollout fragments; "
+                    "buffer.type replay hands over sampled transitions"
+                )
+            if isinstance(processor, FlattenProcessor):
+                flattened_at = index if flattened_at is None else flattened_at
+            elif flattened_at is not None:
+                raise ValueError(
+                    f"processors[{index}] ({processor.type}) needs [rows, T] fragments, but "
+                    f"processors[{flattened_at}] (Flatten) comes first: put Flatten last"
+                )
+        return self
 
 
 class TrainSpec(_Model):
@@ -958,7 +1065,7 @@ def _without_union_tags(loc: list[Any]) -> list[Any]:
     return [
         part
         for i, part in enumerate(loc)
-        if not (part in WRAPPER_TYPES and i > 0 and isinstance(loc[i - 1], int))
+        if not (part in WRAPPER_TYPES + PROCESSOR_TYPES and i > 0 and isinstance(loc[i - 1], int))
     ]
 
 

@@ -57,6 +57,17 @@ def accepts_deterministic(policy: BasePolicy) -> bool:
     return "deterministic" in inspect.signature(policy.rollout_step).parameters
 
 
+def takes_env_ret_and_response(method: Any) -> bool:
+    """Whether ``method(env_ret, policy_resp)`` binds (a per-step ``postprocess``). Pure."""
+    try:
+        inspect.signature(method).bind(None, None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to inspect (a builtin): assume it does
+        return True
+    return True
+
+
 class RolloutWorker:
     """One eval replica's loop: ``collect(steps) -> Fragment`` and ``evaluate(episodes)``."""
 
@@ -73,6 +84,10 @@ class RolloutWorker:
         self._split_of: EnvRet | None = None
         self._split: list[EnvRet] = []
         self._warned: set[str] = set()
+        #: RLightning's sync and async engines never call ``postprocess``, so its shipped policies may
+        #: leave it unimplemented (raising NotImplementedError) or declare it with another signature
+        #: (``postprocess(self, data)``); such a policy has nothing to add per step and is not asked.
+        self._postprocess_unimplemented = not takes_env_ret_and_response(policy.postprocess)
 
     @property
     def is_async(self) -> bool:
@@ -160,6 +175,16 @@ class RolloutWorker:
 
     def _postprocess(self, next_ret: EnvRet, acted: Acted) -> dict[str, torch.Tensor]:
         """``postprocess`` per env (or once, batched); the dicts it returns become fragment fields."""
+        if self._postprocess_unimplemented:
+            return {}
+        try:
+            return self._postprocessed(next_ret, acted)
+        except NotImplementedError:
+            self._postprocess_unimplemented = True
+            logger.info("%s.postprocess is not implemented: not called again", type(self.policy).__name__)
+            return {}
+
+    def _postprocessed(self, next_ret: EnvRet, acted: Acted) -> dict[str, torch.Tensor]:
         source = f"{type(self.policy).__name__}.postprocess"
         if not self.per_env:
             extra = self.policy._postprocess(next_ret, acted.responses[0])

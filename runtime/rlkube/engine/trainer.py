@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from tensordict import TensorDict
 
+from rlkube.buffer.processors import apply_processors, value_fn_of
 from rlkube.contract import CoordinatorPhase
 from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.state import Coordinator, EngineStatus
@@ -105,8 +106,9 @@ class TrainContext:
 def train_step(ctx: TrainContext, shard: TensorDict) -> dict[str, float]:
     """``update_dataset`` + ``train`` on this rank's shard; the figures it returned or logged.
 
-    On-policy the policy gets the shard's ``[rows, T]`` fragments; with a replay buffer it gets
-    this rank's share of ``stepsPerEpoch`` transitions sampled from its ring.
+    On-policy the policy gets the shard's ``[rows, T]`` fragments, after ``spec.buffer.processors``
+    (``rlkube.buffer.processors``); with a replay buffer it gets this rank's share of
+    ``stepsPerEpoch`` transitions sampled from its ring.
     """
     policy = ctx.policy
     if ctx.replay is not None:
@@ -116,6 +118,9 @@ def train_step(ctx: TrainContext, shard: TensorDict) -> dict[str, float]:
     # policy code runs (a user's update_dataset may update buffers such as running statistics).
     if ctx.publisher is not None:
         ctx.publisher.wait_writable()
+    processors = ctx.job.spec.buffer.processors
+    if processors:  # what RLightning's rollout buffer adds (advantages, returns, transitions)
+        shard = apply_processors(processors, shard, value_fn=value_fn_of(policy))
     policy.update_dataset(shard)
     return {**numbers_of(policy.train()), **policy.pop_metrics()}
 

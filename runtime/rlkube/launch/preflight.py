@@ -15,7 +15,8 @@ check                      what it proves                                       
 imports                    ``spec.imports`` and ``spec.policy.module`` import       ImportFailed
 policy                     ``spec.policy.type`` is registered as a BasePolicy       PolicyNotRegistered
 buffer                     the policy learns from ``spec.buffer.type``              BufferNotSupported
-                           (``BasePolicy.supported_buffers``)
+                           (``BasePolicy.supported_buffers``), and has the
+                           ``get_value`` a GAE processor bootstraps from
 policy config              the policy accepts its algoCfg/modelCfg/optimCfg         PolicyConfigInvalid
 env                        ``spec.env.id`` is a registered gymnasium id, or with    EnvNotFound
                            ``vectorization: envpool`` an id envpool has whose
@@ -38,7 +39,7 @@ from rlkube.envs.group import EnvError, check_env
 from rlkube.placement import TrainPlacement, placement_problems
 from rlkube.policy.base import BasePolicy, PolicyRole
 from rlkube.policy.registry import POLICIES, import_modules
-from rlkube.spec import Engine, RLJob, SpecError
+from rlkube.spec import Engine, GAEProcessor, RLJob, SpecError
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,25 @@ def preflight(
         )
         return result
     result.checked.append(f"spec.buffer.type: {spec.policy.type} learns from {spec.buffer.type.value!r}")
+    needs_value = [
+        i
+        for i, p in enumerate(spec.buffer.processors)
+        if isinstance(p, GAEProcessor) and p.bootstrap == "policy"
+    ]
+    if needs_value and not callable(getattr(cls, "get_value", None)):
+        result.refusal = Refusal(
+            FailureReason.BUFFER_NOT_SUPPORTED,
+            tuple(
+                f"spec.buffer.processors[{i}] (GAE): bootstrap 'policy' needs "
+                f"{spec.policy.type}.get_value(observations) -> values, which it lacks; "
+                "define it or set bootstrap: none"
+                for i in needs_value
+            ),
+        )
+        return result
+    if spec.buffer.processors:
+        names = ", ".join(p.type for p in spec.buffer.processors)
+        result.checked.append(f"spec.buffer.processors: {names} can run for {spec.policy.type}")
     try:
         # Constructing a policy validates its own settings without building networks.
         cls(spec.policy, PolicyRole.TRAIN)

@@ -1,1 +1,1 @@
-"""RLightning-compatible import homes (``rlkube.utils.registry``)."""
+"""RLightning's ``rlightning.utils`` import homes: ``registry``, ``logger``, ``profiler``."""

@@ -1,0 +1,1 @@
+"""RLightning's ``rlightning.buffer.utils``: observation preprocessors and GAE helpers."""
