@@ -56,6 +56,13 @@ class Engine(StrEnum):
     EVAL = "eval"
 
 
+class StaleFragments(StrEnum):
+    """What the async engine does with a fragment collected by older weights than the learner's."""
+
+    DROP = "drop"  # older than train.maxStaleness: dropped and counted, never trained on
+    VTRACE = "vtrace"  # trained on, corrected with V-trace (rlkube.policy.utils.vtrace)
+
+
 class RolloutMode(StrEnum):
     """How an EVAL policy's ``rollout_step`` is called: plain call or awaited coroutine."""
 
@@ -483,7 +490,20 @@ class TrainSpec(_Model):
     save_interval: NonNegativeInt = Field(10, description="Checkpoint every N epochs (0: only at the end).")
     seed: NonNegativeInt = Field(1)
     max_staleness: NonNegativeInt = Field(
-        1, description="async engine: batches produced by weights older than this many versions are dropped."
+        1,
+        description="async engine: new work needs weights at most this many versions old; with "
+        "staleFragments drop, fragments older than this when trained are dropped.",
+    )
+    stale_fragments: StaleFragments = Field(
+        StaleFragments.DROP,
+        description="async engine: drop fragments older than maxStaleness, or train on every fragment "
+        "and correct the ones older than the learner's weights with V-trace (built-in PPO).",
+    )
+    vtrace_rho_clip: float = Field(
+        1.0, gt=0.0, description="V-trace rho-bar: clip of the importance weight of each TD error (IMPALA)."
+    )
+    vtrace_c_clip: float = Field(
+        1.0, gt=0.0, description="V-trace c-bar: clip of the trace coefficients (IMPALA)."
     )
     target_return: float | None = Field(
         None, description="Stop early once the mean of the last 20 episode returns reaches this."
