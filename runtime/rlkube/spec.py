@@ -867,9 +867,10 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         path="spec.train.batchSize",
         cel="!has(self.train) || !has(self.train.batchSize) || !has(self.train.stepsPerEpoch) "
-        "|| self.train.batchSize <= self.train.stepsPerEpoch",
-        message="expected at most spec.train.stepsPerEpoch",
-        check=lambda s: s.train.batch_size <= s.train.steps_per_epoch,
+        "|| self.train.batchSize <= self.train.stepsPerEpoch "
+        "|| (has(self.buffer) && has(self.buffer.type) && self.buffer.type == 'replay')",
+        message="expected at most spec.train.stepsPerEpoch (a replay buffer may sample more)",
+        check=lambda s: s.train.batch_size <= s.train.steps_per_epoch or s.buffer.type is BufferType.REPLAY,
         got=lambda s: s.train.batch_size,
     ),
     CrossFieldRule(

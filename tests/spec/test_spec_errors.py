@@ -96,7 +96,8 @@ def test_batch_size_larger_than_an_epoch_is_a_cross_field_error() -> None:
     with pytest.raises(SpecError) as caught:
         parse_job(document)
     assert caught.value.problems == [
-        "spec.train.batchSize: got 4096, expected at most spec.train.stepsPerEpoch"
+        "spec.train.batchSize: got 4096, expected at most spec.train.stepsPerEpoch "
+        "(a replay buffer may sample more)"
     ]
 
 
