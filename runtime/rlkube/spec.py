@@ -49,11 +49,12 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class Engine(StrEnum):
-    """Which loop train rank 0 drives (RLightning's SyncRLEngine, AsyncRLEngine, EvaluationEngine)."""
+    """Which loop train rank 0 drives (RLightning's Sync/AsyncRLEngine, EvaluationEngine, RSLRLEngine)."""
 
     SYNC = "sync"
     ASYNC = "async"
     EVAL = "eval"
+    RSL = "rsl"  # the sync loop with RSL-RL's rollout contract (rlkube.engine.rsl_engine)
 
 
 class StaleFragments(StrEnum):
@@ -872,6 +873,14 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         message="expected at most spec.train.stepsPerEpoch (a replay buffer may sample more)",
         check=lambda s: s.train.batch_size <= s.train.steps_per_epoch or s.buffer.type is BufferType.REPLAY,
         got=lambda s: s.train.batch_size,
+    ),
+    CrossFieldRule(
+        path="spec.buffer.type",
+        cel="!has(self.engine) || self.engine != 'rsl' || !has(self.buffer) || !has(self.buffer.type) "
+        "|| self.buffer.type == 'rollout'",
+        message="expected rollout with engine rsl (RSL-RL trains on-policy on the whole collected batch)",
+        check=lambda s: s.engine is not Engine.RSL or s.buffer.type is BufferType.ROLLOUT,
+        got=lambda s: s.buffer.type.value,
     ),
     CrossFieldRule(
         path="spec.trainer.backend",
