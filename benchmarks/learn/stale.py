@@ -20,29 +20,24 @@ import statistics
 from collections.abc import Sequence
 
 from rlkube.jobfile import load_job
-from rlkube.spec import RLJob
+from rlkube.spec import Engine, RLJob, StaleFragments
 
 from benchmarks.learn.cluster_side import run_rlkube_cluster
 from benchmarks.learn.curve import Curve
 from benchmarks.learn.run import interleaved
 
-VARIANTS: dict[str, dict[str, object]] = {
-    "sync": {"engine": "sync"},
-    "drop": {"engine": "async", "stale_fragments": "drop"},
-    "vtrace": {"engine": "async", "stale_fragments": "vtrace"},
+VARIANTS: dict[str, tuple[Engine, StaleFragments]] = {
+    "sync": (Engine.SYNC, StaleFragments.DROP),
+    "drop": (Engine.ASYNC, StaleFragments.DROP),
+    "vtrace": (Engine.ASYNC, StaleFragments.VTRACE),
 }
 
 
 def variant(job: RLJob, name: str, *, staleness: int) -> RLJob:
-    settings = VARIANTS[name]
+    engine, stale = VARIANTS[name]
     spec = job.spec
-    train = spec.train.model_copy(
-        update={
-            "max_staleness": staleness,
-            "stale_fragments": settings.get("stale_fragments", spec.train.stale_fragments),
-        }
-    )
-    updated = spec.model_copy(update={"engine": settings["engine"], "train": train})
+    train = spec.train.model_copy(update={"max_staleness": staleness, "stale_fragments": stale})
+    updated = spec.model_copy(update={"engine": engine, "train": train})
     return RLJob.model_validate(job.model_copy(update={"spec": updated}).model_dump(by_alias=True))
 
 
