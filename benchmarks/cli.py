@@ -36,6 +36,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.learn.run",
         "learning curves of a reference job over seeds: rlkube's PPO vs SB3's, CleanRL's figure beside",
     ),
+    "stale": (
+        "benchmarks.learn.stale",
+        "async with stale fragments dropped vs corrected by V-trace, against the sync engine (CartPole)",
+    ),
 }
 
 

@@ -95,6 +95,7 @@ def run_rlkube_cluster(
         progress = final.progress
     curve.episodes = [(steps, ret) for steps, ret, _ in progress.episodes]
     curve.env_steps = progress.env_steps
+    curve.summary = summary
     startup = float(summary.get("seconds_to_first_worker") or 0.0)
     curve.wall_seconds = float(summary["wall_seconds"]) - startup
     curve.startup_seconds = launched - curve.wall_seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 #: Episodes averaged for "the recent return" (rlkube's tracker and the peer use the same window).
 WINDOW = 20
@@ -22,6 +23,8 @@ class Curve:
     steps_to_target: int | None = None
     #: Launcher time outside ``wall_seconds`` (a local cluster's process start-up and shutdown).
     startup_seconds: float = 0.0
+    #: The run's summary.json (local cluster side): fragments trained, dropped, corrected...
+    summary: dict[str, Any] = field(default_factory=dict)
 
     def final_return(self, window: int = WINDOW) -> float | None:
         """Mean raw return of the last ``window`` episodes (None before any episode ended)."""

@@ -1,12 +1,13 @@
-"""``rlkube bench learn JOB``: learning curves of a reference job, rlkube's PPO beside SB3's.
+"""``rlkube bench learn JOB``: learning curves of a reference job, rlkube's PPO or SAC beside SB3's.
 
 For each seed, in one process run and interleaved (the order of the sides rotates by one per
 seed, so load drift on a shared machine hits every side alike): the job runs for ``--steps`` env
 steps (``maxEpochs`` is set from it; eval episodes off) in-process (``--mode in-process``, side
 ``rlkube``), as a local cluster like ``rlkube run`` starts it (``--mode cluster``, side
 ``rlkube-cluster``: ``trainer.replicas`` train ranks and ``--evaluators`` eval workers as
-processes), or both (``--mode both``); and SB3's PPO runs with the same hyperparameters, envs,
-wrappers and budget (``benchmarks/learn/sb3_peer.py`` has the mapping). Every side records *raw*
+processes), or both (``--mode both``); and SB3's PPO (SAC for a ``policy.type: SAC`` job) runs with
+the same hyperparameters, envs, wrappers and budget (``benchmarks/learn/sb3_peer.py`` and
+``sac_peer.py`` have the mappings). Every side records *raw*
 episode returns, stamped with the env steps collected at the end of the update they finished in.
 
 Printed: the learning curve (median over seeds of the 20-episode mean return at tenths of the
@@ -196,11 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         runners[SIDE] = functools.partial(run_rlkube_cluster, evaluators=args.evaluators)
     if args.peer == "sb3":
         try:
+            from benchmarks.learn.sac_peer import run_sb3_sac
             from benchmarks.learn.sb3_peer import run_sb3
         except ImportError as exc:
             print(f"rlkube bench learn: the SB3 peer needs the bench extra ({exc})", file=sys.stderr)
             return 2
-        runners["sb3"] = run_sb3
+        runners["sb3"] = run_sb3_sac if job.spec.policy.type == "SAC" else run_sb3
     curves: dict[str, list[Curve]] = {side: [] for side in runners}
     try:
         for seed in range(args.first_seed, args.first_seed + args.seeds):

@@ -49,11 +49,19 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class Engine(StrEnum):
-    """Which loop train rank 0 drives (RLightning's SyncRLEngine, AsyncRLEngine, EvaluationEngine)."""
+    """Which loop train rank 0 drives (RLightning's Sync/AsyncRLEngine, EvaluationEngine, RSLRLEngine)."""
 
     SYNC = "sync"
     ASYNC = "async"
     EVAL = "eval"
+    RSL = "rsl"  # the sync loop with RSL-RL's rollout contract (rlkube.engine.rsl_engine)
+
+
+class StaleFragments(StrEnum):
+    """What the async engine does with a fragment collected by older weights than the learner's."""
+
+    DROP = "drop"  # older than train.maxStaleness: dropped and counted, never trained on
+    VTRACE = "vtrace"  # trained on, corrected with V-trace (rlkube.policy.utils.vtrace)
 
 
 class RolloutMode(StrEnum):
@@ -596,7 +604,20 @@ class TrainSpec(_Model):
     save_interval: NonNegativeInt = Field(10, description="Checkpoint every N epochs (0: only at the end).")
     seed: NonNegativeInt = Field(1)
     max_staleness: NonNegativeInt = Field(
-        1, description="async engine: batches produced by weights older than this many versions are dropped."
+        1,
+        description="async engine: new work needs weights at most this many versions old; with "
+        "staleFragments drop, fragments older than this when trained are dropped.",
+    )
+    stale_fragments: StaleFragments = Field(
+        StaleFragments.DROP,
+        description="async engine: drop fragments older than maxStaleness, or train on every fragment "
+        "and correct the ones older than the learner's weights with V-trace (built-in PPO).",
+    )
+    vtrace_rho_clip: float = Field(
+        1.0, gt=0.0, description="V-trace rho-bar: clip of the importance weight of each TD error (IMPALA)."
+    )
+    vtrace_c_clip: float = Field(
+        1.0, gt=0.0, description="V-trace c-bar: clip of the trace coefficients (IMPALA)."
     )
     target_return: float | None = Field(
         None, description="Stop early once the mean of the last 20 episode returns reaches this."
@@ -960,10 +981,19 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         path="spec.train.batchSize",
         cel="!has(self.train) || !has(self.train.batchSize) || !has(self.train.stepsPerEpoch) "
-        "|| self.train.batchSize <= self.train.stepsPerEpoch",
-        message="expected at most spec.train.stepsPerEpoch",
-        check=lambda s: s.train.batch_size <= s.train.steps_per_epoch,
+        "|| self.train.batchSize <= self.train.stepsPerEpoch "
+        "|| (has(self.buffer) && has(self.buffer.type) && self.buffer.type == 'replay')",
+        message="expected at most spec.train.stepsPerEpoch (a replay buffer may sample more)",
+        check=lambda s: s.train.batch_size <= s.train.steps_per_epoch or s.buffer.type is BufferType.REPLAY,
         got=lambda s: s.train.batch_size,
+    ),
+    CrossFieldRule(
+        path="spec.buffer.type",
+        cel="!has(self.engine) || self.engine != 'rsl' || !has(self.buffer) || !has(self.buffer.type) "
+        "|| self.buffer.type == 'rollout'",
+        message="expected rollout with engine rsl (RSL-RL trains on-policy on the whole collected batch)",
+        check=lambda s: s.engine is not Engine.RSL or s.buffer.type is BufferType.ROLLOUT,
+        got=lambda s: s.buffer.type.value,
     ),
     CrossFieldRule(
         path="spec.trainer.backend",

@@ -210,3 +210,19 @@ def test_ctrl_c_stops_the_cluster_runs_processes_and_leaves_no_shm_or_run_direct
     assert _processes_of_job(name) == []
     assert list(Path("/dev/shm").glob(f"rlkube-{name}-*")) == []
     assert list(scratch.glob("rlkube-learn-*")) == []  # the temporary run directory is gone
+
+
+def test_the_sb3_sac_peer_gets_the_same_schedule_and_hyperparameters() -> None:
+    pytest.importorskip("stable_baselines3")
+    from benchmarks.learn.sac_peer import sb3_sac_kwargs
+
+    job = load_job(ROOT / "examples" / "pendulum-sac.yaml", ["spec.policy.algoCfg.updatesPerStep=0.5"])
+    kwargs = sb3_sac_kwargs(job)
+    spec = job.spec
+    assert kwargs["train_freq"] == (spec.train.steps_per_epoch, "step")  # one env: an epoch per rollout
+    assert kwargs["gradient_steps"] == spec.train.steps_per_epoch // 2
+    assert kwargs["batch_size"] == spec.train.batch_size
+    assert kwargs["buffer_size"] == spec.buffer.capacity
+    assert kwargs["learning_rate"] == spec.policy.optim_cfg["lr"]
+    assert kwargs["ent_coef"] == "auto_1.0"
+    assert kwargs["policy_kwargs"]["net_arch"] == [256, 256]

@@ -85,7 +85,7 @@ def test_free_form_sections_preserve_unknown_fields() -> None:
 
 def test_enums_minimums_and_defaults_come_from_spec_py() -> None:
     spec = spec_schema()["properties"]["spec"]
-    assert spec["properties"]["engine"]["enum"] == ["sync", "async", "eval"]
+    assert spec["properties"]["engine"]["enum"] == ["sync", "async", "eval", "rsl"]
     assert spec["properties"]["train"]["properties"]["maxEpochs"] == {
         "default": 100,
         "description": "Epochs to train; one epoch publishes one weight version.",

@@ -43,6 +43,23 @@ def test_the_report_says_how_long_eval_workers_waited_for_weights_and_what_was_s
     assert "3 fragments dropped as stale" in out
 
 
+def test_the_report_says_how_many_stale_fragments_v_trace_corrected_and_the_share_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = _finished_run(
+        tmp_path,
+        weight_wait_fraction=0.01,
+        fragments_acknowledged=160,
+        dropped_stale=0,
+        corrected_stale=41,
+        fragments_used_share=1.0,
+    )
+    assert report(Outcome(0), paths, None) == 0
+    out = capsys.readouterr().out
+    assert "41 stale fragments corrected with V-trace; 100% of fragments used" in out
+    assert "dropped as stale" not in out
+
+
 def test_a_failed_run_reports_its_message_on_stderr_and_its_exit_code(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -142,6 +142,26 @@ def test_async_engine_trains_only_on_fragments_within_max_staleness(local_run, t
     assert summary["fragments_trained"] + summary["dropped_stale"] <= summary["fragments_acknowledged"]
 
 
+def test_async_engine_with_vtrace_trains_on_every_fragment_across_processes(local_run, tmp_path) -> None:
+    run = start(
+        local_run,
+        tmp_path,
+        engine="async",
+        train__maxEpochs=8,
+        train__maxStaleness=0,
+        train__staleFragments="vtrace",
+        evaluator__replicas=3,
+    )
+    assert run.wait(timeout=300) == 0, run.output[1]
+    summary = run.summary()
+    assert summary["epochs"] == 8
+    assert summary["dropped_stale"] == 0
+    assert summary["fragments_used_share"] == 1.0
+    lags = {int(lag): count for lag, count in summary["lag_distribution"].items()}
+    assert sum(lags.values()) == summary["fragments_trained"]
+    assert summary["corrected_stale"] == sum(count for lag, count in lags.items() if lag > 0)
+
+
 def test_ctrl_c_stops_every_process_and_removes_the_shm_directories(local_run, tmp_path) -> None:
     run = start(local_run, tmp_path, train__maxEpochs=500)
     run.wait_until(lambda s: s.epoch >= 1, timeout=180, what="epoch 1")

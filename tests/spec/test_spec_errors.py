@@ -27,7 +27,7 @@ MALFORMED = [
     ("spec.train.maxEpochs", -3, "spec.train.maxEpochs: got -3, expected greater than or equal to 1"),
     ("spec.train.maxEpochs", "many", "spec.train.maxEpochs: got 'many', expected a valid integer"),
     ("spec.train.stepsPerEpoch", 0, "spec.train.stepsPerEpoch: got 0"),
-    ("spec.engine", "turbo", "spec.engine: got 'turbo', expected 'sync', 'async' or 'eval'"),
+    ("spec.engine", "turbo", "spec.engine: got 'turbo', expected 'sync', 'async', 'eval' or 'rsl'"),
     ("spec.policy.rolloutMode", "parallel", "spec.policy.rolloutMode: got 'parallel'"),
     ("spec.policy.weightBuffer.strategy", "Triple", "spec.policy.weightBuffer.strategy: got 'Triple'"),
     ("spec.policy.weightBuffer.chunkBytes", 10, "spec.policy.weightBuffer.chunkBytes: got 10"),
@@ -96,7 +96,8 @@ def test_batch_size_larger_than_an_epoch_is_a_cross_field_error() -> None:
     with pytest.raises(SpecError) as caught:
         parse_job(document)
     assert caught.value.problems == [
-        "spec.train.batchSize: got 4096, expected at most spec.train.stepsPerEpoch"
+        "spec.train.batchSize: got 4096, expected at most spec.train.stepsPerEpoch "
+        "(a replay buffer may sample more)"
     ]
 
 

@@ -12,6 +12,8 @@ envs, columns are time) and the episodes that finished inside it. The standard k
 ``truncated``        the episode was cut at step t (time limit: bootstrap from ``next_observation``)
 ``next_observation`` the true next observation (the final one where the episode ended)
 (postprocess keys)   whatever ``policy.postprocess`` returned as a dict
+``policy_lag``       async engine with ``staleFragments: vtrace`` only, added by the trainer:
+                     how many versions the fragment's weights are behind the learner's
 ==================== =====================================================================
 """
 
@@ -29,6 +31,7 @@ NEXT_OBSERVATION = "next_observation"
 REWARD = "reward"
 TERMINATED = "terminated"
 TRUNCATED = "truncated"
+POLICY_LAG = "policy_lag"
 
 
 @dataclass(frozen=True)

@@ -107,13 +107,15 @@ def train_step(ctx: TrainContext, shard: TensorDict) -> dict[str, float]:
     """``update_dataset`` + ``train`` on this rank's shard; the figures it returned or logged.
 
     On-policy the policy gets the shard's ``[rows, T]`` fragments, after ``spec.buffer.processors``
-    (``rlkube.buffer.processors``); with a replay buffer it gets this rank's share of
-    ``stepsPerEpoch`` transitions sampled from its ring.
+    (``rlkube.buffer.processors``); with a replay buffer it gets the transitions
+    ``policy.replay_sample_size`` asks for, sampled from this rank's ring.
     """
     policy = ctx.policy
     if ctx.replay is not None:
         ctx.replay.extend(shard)
-        shard = ctx.replay.sample(ctx.job.spec.train.steps_per_epoch // ctx.world_size)
+        shard = ctx.replay.sample(
+            policy.replay_sample_size(ctx.job.spec.train.steps_per_epoch, ctx.world_size)
+        )
     # A zero-copy publish may still be moving the tensors off the flipped slot: wait before any
     # policy code runs (a user's update_dataset may update buffers such as running statistics).
     if ctx.publisher is not None:

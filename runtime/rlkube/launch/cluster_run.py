@@ -204,5 +204,9 @@ def report(outcome: Outcome, paths: RunPaths, extra_summary: Path | None) -> int
         )
         if data.get("dropped_stale"):
             line += f"; {data['dropped_stale']} fragments dropped as stale"
+        if data.get("corrected_stale"):
+            line += f"; {data['corrected_stale']} stale fragments corrected with V-trace"
+        if "fragments_used_share" in data:
+            line += f"; {100 * data['fragments_used_share']:.0f}% of fragments used"
         print(line)
     return 0

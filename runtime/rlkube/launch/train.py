@@ -44,6 +44,7 @@ from rlkube.engine.loggers import backend_observers
 from rlkube.engine.pod_metrics import bind_coordinator
 from rlkube.engine.ranks import RankChannel
 from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles
+from rlkube.engine.rsl_engine import RSLEngine
 from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.sync_engine import SyncEngine
 from rlkube.engine.trainer import RankZeroEngine, Stopped, TrainContext, follow
@@ -66,6 +67,7 @@ ENGINES: dict[Engine, type[RankZeroEngine]] = {
     Engine.SYNC: SyncEngine,
     Engine.ASYNC: AsyncEngine,
     Engine.EVAL: EvalEngine,
+    Engine.RSL: RSLEngine,
 }
 
 

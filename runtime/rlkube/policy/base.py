@@ -544,6 +544,14 @@ class BasePolicy(nn.Module, ABC):
                 found[attr] = value
         return found
 
+    def replay_sample_size(self, steps_per_epoch: int, world_size: int) -> int:
+        """``buffer.type: replay``: transitions this rank samples from its ring for one ``update_dataset``.
+
+        The default is this rank's share of ``stepsPerEpoch``; an off-policy learner that takes
+        many gradient steps per epoch (the built-in SAC) asks for one minibatch per step.
+        """
+        return steps_per_epoch // world_size
+
     # ------------------------------------------------------------------ framework: metrics
     def log_metric(self, key: str, value: float) -> None:
         """Record a scalar for this epoch (e.g. ``losses/policy_loss``); the engine logs and clears them."""

@@ -30,12 +30,20 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from rlkube.data.fragment import NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED, TRUNCATED
+from rlkube.data.fragment import (
+    NEXT_OBSERVATION,
+    OBSERVATION,
+    POLICY_LAG,
+    REWARD,
+    TERMINATED,
+    TRUNCATED,
+)
 from rlkube.envs.types import EnvRet, PolicyResponse
 from rlkube.policy.base import BasePolicy, PolicyRole, RequestMode, unwrap
 from rlkube.policy.builtin.actor_critic import ActorCritic
 from rlkube.policy.builtin.ppo_config import PPOAlgoConfig, PPOModelConfig, PPOOptimConfig, parse_section
 from rlkube.policy.builtin.ppo_math import clipped_surrogate, explained_variance, gae, normalize, value_loss
+from rlkube.policy.builtin.ppo_vtrace import correct_stale_rows
 from rlkube.policy.registry import POLICIES
 from rlkube.spec import BufferType
 
@@ -112,6 +120,8 @@ class PPO(BasePolicy):
             gamma=self.algo.gamma,
             gae_lambda=self.algo.gae_lambda,
         )
+        if POLICY_LAG in data:  # async engine, staleFragments vtrace: see ppo_vtrace
+            advantages, returns = self._correct_stale(data, values, next_values, advantages, returns)
         self.dataset = TensorDict(
             {
                 "obs": flat_obs,
@@ -124,6 +134,32 @@ class PPO(BasePolicy):
             batch_size=[rows * steps],
             device=self.device,
         )
+
+    def _correct_stale(
+        self,
+        data: TensorDict,
+        values: torch.Tensor,
+        next_values: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        train = getattr(self, "train_config", None)
+        corrected = correct_stale_rows(
+            cast(ActorCritic, unwrap(self.model)),
+            data,
+            values=values,
+            next_values=next_values,
+            advantages=advantages,
+            returns=returns,
+            gamma=self.algo.gamma,
+            gae_lambda=self.algo.gae_lambda,
+            rho_bar=float(getattr(train, "vtrace_rho_clip", 1.0)),
+            c_bar=float(getattr(train, "vtrace_c_clip", 1.0)),
+        )
+        self.log_metric("charts/vtrace_rows", float(corrected.stale_rows))
+        if corrected.mean_clipped_rho is not None:
+            self.log_metric("charts/vtrace_mean_clipped_rho", corrected.mean_clipped_rho)
+        return corrected.advantages, corrected.returns
 
     def minibatch_size(self) -> int:
         """This rank's minibatch: the global ``spec.train.batchSize`` split over the ranks."""

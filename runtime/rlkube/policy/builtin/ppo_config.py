@@ -90,7 +90,7 @@ class PPOModelConfig(_Section):
         return self
 
 
-Section = TypeVar("Section", bound=_Section)
+Section = TypeVar("Section", bound=BaseModel)
 
 
 def parse_section(model: type[Section], data: Mapping[str, Any] | None, *, path: str) -> Section:
