@@ -7,8 +7,9 @@
 #                 ~/.cache/rlkube/controlplane) and print where they are
 #   make test-quick   the same without the multi-process runs marked slow (minutes, for development)
 #   make test-all     everything, the kind e2e run included (it needs Docker; `make e2e` runs it alone)
-#   make cluster  start the API emulator, the operator and a kubelet that runs pods as local processes,
-#                 print the KUBECONFIG to export (CLUSTER_ARGS="--kubelet ready --simulate-training": run nothing)
+#   make cluster  start the real Kubernetes control plane (built by `make controlplane`), node agents
+#                 that run pods as local processes and the operator; print the KUBECONFIG to export
+#                 (CLUSTER_ARGS="--api emulator [--kubelet ready --simulate-training]": the API emulator)
 #   make lint     ruff, mypy, import layers, yamllint, shellcheck, hadolint
 #   make gpu-check on a machine with an NVIDIA GPU: NCCL selection, CUDA weight copies, a DDP step
 #   make generate regenerate crds/, the chart's CRD copy, docs/rljob-reference.md and runtime/rlkube/_proto
@@ -83,7 +84,7 @@ generate: $(VENV)/.dev
 controlplane: $(VENV)/.dev
 	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m rlkube_devcluster.controlplane.build
 
-cluster: $(VENV)/.dev
+cluster: $(VENV)/.dev controlplane
 	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m rlkube_devcluster $(CLUSTER_ARGS)
 
 bench: $(VENV)/.base

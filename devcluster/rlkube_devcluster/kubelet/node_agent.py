@@ -18,9 +18,11 @@ exactly a kubelet's rights. It
    grace period, and is then deleted for good (grace period 0, preconditioned on its uid).
 
 The loop polls the node's pods (a field selector on ``spec.nodeName``) every ``poll_interval``.
-What it does not do: images, resources limits, probes, init containers (reported Completed), and a
-network per pod: every pod is 127.0.0.1 (:mod:`.podnet` maps a job's service names for the
-process kubelet; a real Service has no proxy here). A container sees its projected files at the
+What it does not do: images, resource limits, probes, init containers (reported Completed), and a
+network per pod: every pod is 127.0.0.1. As the process kubelet does, it rewrites an RLJob pod's
+service names and ports to this host's (:mod:`.podnet`, with the ``networks`` every agent of the
+machine shares: :class:`.network_thread.NetworkThread`, which also opens each job's coordinator
+proxy for the operator). A container sees its projected files at the
 host path the sandbox chose, not at their ``mountPath`` (no mount namespaces).
 """
 
@@ -39,13 +41,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rlkube import contract
 from rlkube.launch.processes import RestartBackOff, signal_group, spawn
 
 from rlkube_devcluster.emulator.controllers import pod_environment
 from rlkube_devcluster.emulator.store import now_rfc3339
 from rlkube_devcluster.kubelet.api_client import ApiError, KubeApi
+from rlkube_devcluster.kubelet.network_thread import NetworkThread
 from rlkube_devcluster.kubelet.pod_run import PodRun, base_env
 from rlkube_devcluster.kubelet.pod_status import ContainerView, pod_event, pod_status
+from rlkube_devcluster.kubelet.podnet import cluster_addresses
 from rlkube_devcluster.kubelet.sandbox import Node, PodSandbox, SandboxError, container_command
 from rlkube_devcluster.kubelet.termination import (
     TERMINATION_PATH_VARIABLE,
@@ -100,8 +105,10 @@ class NodeAgent:
         lease_seconds: int = 40,
         python: str = sys.executable,
         environ: Mapping[str, str] | None = None,
+        networks: NetworkThread | None = None,
     ) -> None:
         self.name = name
+        self.networks = networks
         self.workdir = workdir
         self.capacity = capacity
         self.api_port = api_port
@@ -278,7 +285,7 @@ class NodeAgent:
             init_containers=list(spec.get("initContainers") or []),
             restart_policy=spec.get("restartPolicy", "Always"),
             grace=float(spec.get("terminationGracePeriodSeconds", 30)),
-            job=None,
+            job=(meta.get("labels") or {}).get(contract.LABEL_JOB),
             log_dir=self.workdir / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}",
             start_time=now_rfc3339(),
         )
@@ -398,6 +405,9 @@ class NodeAgent:
         )
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": "127.0.0.1", "hostIP": "127.0.0.1"}}
         env = run.sandbox.rewrite_paths(run.container, pod_environment(pod, run.container))
+        if run.job and self.networks is not None:
+            ports = self.networks.ports(run.namespace, run.job)
+            env = cluster_addresses(env, job=run.job, namespace=run.namespace, ports=ports)
         for directory in run.sandbox.contract_dirs(env):
             directory.mkdir(parents=True, exist_ok=True)
         env[TERMINATION_PATH_VARIABLE] = str(fresh_termination_file(run))
