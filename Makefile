@@ -1,10 +1,15 @@
 # The README's commands. Each target does its own set-up on a machine that has only Python 3.11+.
 #   make demo     run examples/cartpole.yaml as a local cluster (train ranks + eval workers)
-#   make test     install with the dev extra, lint, and run the test suite (all but the kind e2e run)
+#   make test     install with the dev extra, lint, build the control plane, and run the test suite
+#                 (all but the kind e2e run)
+#   make controlplane build kube-apiserver, kube-controller-manager and kube-scheduler from
+#                 devcluster/kubernetes/go.mod (needs Go; minutes once per machine, cached in
+#                 ~/.cache/rlkube/controlplane) and print where they are
 #   make test-quick   the same without the multi-process runs marked slow (minutes, for development)
 #   make test-all     everything, the kind e2e run included (it needs Docker; `make e2e` runs it alone)
-#   make cluster  start the API emulator, the operator and a kubelet that runs pods as local processes,
-#                 print the KUBECONFIG to export (CLUSTER_ARGS="--kubelet ready --simulate-training": run nothing)
+#   make cluster  start the real Kubernetes control plane (built by `make controlplane`), node agents
+#                 that run pods as local processes and the operator; print the KUBECONFIG to export
+#                 (CLUSTER_ARGS="--api emulator [--kubelet ready --simulate-training]": the API emulator)
 #   make lint     ruff, mypy, import layers, yamllint, shellcheck, hadolint
 #   make gpu-check on a machine with an NVIDIA GPU: NCCL selection, CUDA weight copies, a DDP step
 #   make generate regenerate crds/, the chart's CRD copy, docs/rljob-reference.md and runtime/rlkube/_proto
@@ -25,7 +30,7 @@ CLUSTER_ARGS ?=
 # The dev cluster's source root (package rlkube_devcluster): in the repository, not in the wheel.
 DEVCLUSTER := devcluster
 
-.PHONY: demo test test-quick test-all lint generate cluster bench gpu-check clean
+.PHONY: demo test test-quick controlplane test-all lint generate cluster bench gpu-check clean
 
 $(VENV)/.base: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rlkube needs Python 3.11 or newer")'
@@ -48,6 +53,7 @@ TEST_MARKERS ?= not e2e
 
 test: $(VENV)/.dev
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory controlplane
 	@set +e; $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
@@ -74,7 +80,11 @@ lint: $(VENV)/.dev
 generate: $(VENV)/.dev
 	$(PY) scripts/generate.py
 
-cluster: $(VENV)/.dev
+# Built before pytest runs, so no test waits minutes on a cold Go build under its own timeout.
+controlplane: $(VENV)/.dev
+	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m rlkube_devcluster.controlplane.build
+
+cluster: $(VENV)/.dev controlplane
 	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m rlkube_devcluster $(CLUSTER_ARGS)
 
 bench: $(VENV)/.base

@@ -7,6 +7,9 @@ project's tools run (pytest, mypy, lint-imports, ``make cluster``).
 * :mod:`.emulator`: the API server (kmock underneath): storage by the API server's rules,
   admission (schemas, CEL, strict field validation), OpenAPI v3, watches, the StatefulSet
   controller and garbage collection. Plain Kubernetes: it imports nothing of rlkube.
+* :mod:`.controlplane`: the real Kubernetes control plane (etcd, kube-apiserver,
+  kube-controller-manager, kube-scheduler) built from the pinned Go module in
+  ``devcluster/kubernetes/`` and started on loopback; the tests of tests/kubernetes run on it.
 * :mod:`.kubelet`: the process kubelet, which runs the pods the emulator holds as local processes
   (the cluster-in-a-box, docs/cluster-in-a-box.md).
 * :mod:`.operator_process`, :mod:`.coordinators`: the operator as a process, and fake

@@ -1,9 +1,15 @@
-"""``make cluster``: the API emulator and the real operator, for trying kubectl by hand.
+"""``make cluster``: a cluster and the real operator, for trying kubectl by hand.
 
-    python -m rlkube_devcluster [--kubelet process|ready] [--nodes 2] [--port 8001]
-    python -m rlkube_devcluster --simulate-training [--epoch-seconds 3]
+    python -m rlkube_devcluster [--nodes 2]                 # real Kubernetes (the default)
+    python -m rlkube_devcluster --api emulator [--kubelet process|ready] [--port 8001]
+    python -m rlkube_devcluster --api emulator --simulate-training [--epoch-seconds 3]
 
 Prints the KUBECONFIG to export, then runs until Ctrl-C (and cleans up its processes and files).
+
+``--api kubernetes`` (the default) is the real control plane (:mod:`.real_cluster`: etcd,
+kube-apiserver, kube-controller-manager and kube-scheduler built by ``make controlplane``) with
+``--nodes`` node agents that run the pods the scheduler binds to them as local processes, and the
+operator beside it. ``--api emulator`` is the API emulator, with the options below.
 
 ``--kubelet process`` (the default) is the cluster-in-a-box: the pods of the StatefulSets the
 operator creates run as local processes (``rlkube pod``, with the env a cluster gives them;
@@ -29,11 +35,13 @@ from rlkube.launch.processes import RestartBackOff
 from rlkube.launch.signals import stop_on_signals
 
 from rlkube_devcluster import REPO
+from rlkube_devcluster.controlplane.build import kubernetes_version
 from rlkube_devcluster.coordinators import FakeCoordinators
 from rlkube_devcluster.emulator.cluster import EmulatedCluster
 from rlkube_devcluster.emulator.controllers import Kubelet, ReadyKubelet
 from rlkube_devcluster.kubelet.process_kubelet import ProcessKubelet
 from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.real_cluster import RealCluster
 
 
 class TrainingSimulator:
@@ -82,7 +90,13 @@ class TrainingSimulator:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=None, help="API port (default: a free one)")
+    parser.add_argument(
+        "--api",
+        choices=("kubernetes", "emulator"),
+        default="kubernetes",
+        help="kubernetes: the real control plane and node agents (default); emulator: the API emulator",
+    )
+    parser.add_argument("--port", type=int, default=None, help="emulator: API port (default: a free one)")
     parser.add_argument("--nodes", type=int, default=2, help="simulated nodes pods are spread over")
     parser.add_argument(
         "--kubelet",
@@ -107,8 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.simulate_training and args.kubelet == "process":
         parser.error("--simulate-training fakes the coordinators: it needs --kubelet ready")
 
+    if args.api == "kubernetes" and (args.kubelet == "ready" or args.simulate_training or args.port):
+        parser.error("--kubelet ready, --simulate-training and --port are options of --api emulator")
+
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
+    if args.api == "kubernetes":
+        return run_kubernetes(args)
     sockets = Path(tempfile.mkdtemp(prefix="rlk"))  # unix socket paths must stay short
     kubelet: Kubelet = (
         ProcessKubelet(
@@ -172,6 +191,47 @@ def main(argv: list[str] | None = None) -> int:
         coordinators.stop()
         cluster.stop()
         shutil.rmtree(sockets, ignore_errors=True)
+    return 0
+
+
+def run_kubernetes(args: argparse.Namespace) -> int:
+    """The real control plane, node agents and the operator, until Ctrl-C."""
+    cluster = RealCluster(
+        args.workdir, nodes=args.nodes, backoff=RestartBackOff.kubelet(speedup=args.backoff_speedup)
+    )
+    operator = OperatorProcess(
+        cluster.kubeconfig,
+        socket_dir=cluster.socket_dir,
+        log=args.workdir / "operator.log",
+        env={"RLKUBE_STATUS_INTERVAL": "2"},
+    )
+    stopping = threading.Event()
+    stop_on_signals(stopping)
+    try:
+        cluster.start()
+        operator.start()
+        logs = args.workdir / "nodes"
+        print(
+            f"Kubernetes {kubernetes_version()} at {cluster.plane.url} "
+            f"(logs: {cluster.plane.workdir / 'logs'}); operator log {operator.log_path}\n"
+            f"pods run as processes on {args.nodes} node agents; their logs: {logs}/<node>/logs\n\n"
+            f"    export KUBECONFIG={cluster.kubeconfig}\n\n"
+            "    kubectl version\n"
+            "    kubectl apply -f examples/rljob.yaml\n"
+            "    kubectl get rlj,sts,pods -o wide     # or: watch kubectl get rlj\n"
+            "    kubectl scale rlj/cartpole-ppo --replicas=3\n"
+            "    kubectl wait --for=condition=Complete rlj/cartpole-ppo --timeout=10m\n"
+            "    kubectl delete rlj cartpole-ppo\n\n"
+            "Ctrl-C stops.",
+            flush=True,
+        )
+        while not stopping.wait(1.0):
+            if operator.process is not None and operator.process.poll() is not None:
+                print(f"the operator exited:\n{operator.log()[-3000:]}", file=sys.stderr)
+                return 1
+    finally:
+        operator.stop()
+        cluster.stop()
     return 0
 
 

@@ -9,7 +9,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class OperatorExited(RuntimeError):
+class WaitingCannotHelp(RuntimeError):
+    """What a check raises when the thing waited for can no longer happen (its process is gone)."""
+
+
+class OperatorExited(WaitingCannotHelp):
     """The operator process is gone; waiting longer cannot help."""
 
 
@@ -20,7 +24,7 @@ def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float =
     while True:
         try:
             last = check()
-        except OperatorExited:
+        except WaitingCannotHelp:
             raise
         except Exception as exc:  # a check may race with the object's creation
             last = exc

@@ -12,7 +12,10 @@ How pydantic's JSON schema becomes a structural OpenAPI v3 schema:
   ``additionalProperties: false`` is dropped (the API server prunes unknown fields instead).
 * quantities (``int | float | str``) become ``x-kubernetes-int-or-string`` with the quantity pattern.
 * ``exclusiveMinimum: N`` becomes ``minimum: N, exclusiveMinimum: true`` (OpenAPI 3.0 spelling).
-* an optional object field gets ``default: {}`` so the API server fills in its defaults too.
+* an optional object field defaults to the object its own properties' defaults make (what the API
+  server makes of ``{}``): the API server checks a default against the schema and its CEL rules as
+  it stands, without filling in the defaults nested in it, so ``default: {}`` would fail a rule that
+  reads a defaulted field (``self.gang``) and the CRD would be rejected.
 * :data:`rlkube.spec.CROSS_FIELD_RULES` become CEL ``x-kubernetes-validations`` on ``spec``.
 * ``status.progress`` also lists the coordinator's ``JobStatus`` fields it shows as they are,
   from the proto descriptor (:mod:`rlkube_operator.progress_fields`).
@@ -215,14 +218,19 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def _property(sub: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     converted = _convert(sub, defs)
     resolved = _resolve(sub, defs)
-    # An optional sub-object (default_factory in pydantic) defaults to {} so its own defaults apply.
+    # An optional sub-object (default_factory in pydantic) defaults to its properties' defaults
+    # (each already filled in the same way, so this is the whole defaulted object).
     if (
         converted.get("type") == "object"
         and "default" not in converted
         and "properties" in converted
         and not resolved.get("required")
     ):
-        converted["default"] = {}
+        converted["default"] = {
+            name: copy.deepcopy(prop["default"])
+            for name, prop in converted["properties"].items()
+            if "default" in prop
+        }
     return converted
 
 

@@ -210,7 +210,8 @@ def _type(node: dict[str, Any]) -> str:
 def _default(node: dict[str, Any], required: bool) -> str:
     if required:
         return "required"
-    if "default" not in node or node["default"] == {}:
+    # An object with properties defaults to its properties' defaults, listed on their own rows.
+    if "default" not in node or node["default"] == {} or "properties" in node:
         return ""
     return f"`{json.dumps(node['default'])}`"
 

@@ -11,7 +11,7 @@ from typing import Any
 import celpy
 import pytest
 import yaml
-from rlkube.spec import CROSS_FIELD_RULES, parse_job
+from rlkube.spec import CROSS_FIELD_RULES, TrainSpec, parse_job
 from rlkube_devcluster.emulator.schema import apply_defaults
 from rlkube_operator.crd import build_crd
 
@@ -93,8 +93,30 @@ def test_enums_minimums_and_defaults_come_from_spec_py() -> None:
         "type": "integer",
     }
     assert spec["properties"]["log"]["properties"]["intervalSeconds"]["exclusiveMinimum"] is True
-    assert spec["properties"]["train"]["default"] == {}
+    assert spec["properties"]["train"]["default"] == TrainSpec().model_dump(
+        by_alias=True, exclude_none=True, mode="json"
+    )
     assert spec["required"] == ["env"]
+
+
+def test_an_omitted_section_defaults_to_the_object_its_own_defaults_make() -> None:
+    # The API server checks a default against the schema and the CEL rules without filling in the
+    # defaults nested in it: `default: {}` for scheduling failed `self.gang != 'kueue'` there.
+    def walk(node: dict[str, Any], path: str) -> None:
+        properties = node.get("properties", {})
+        if node.get("type") == "object" and isinstance(node.get("default"), dict) and properties:
+            nested = {name: sub["default"] for name, sub in properties.items() if "default" in sub}
+            assert node["default"] == nested, path
+        for name, sub in properties.items():
+            walk(sub, f"{path}.{name}")
+
+    spec = spec_schema()["properties"]["spec"]
+    walk(spec, "spec")
+    assert spec["properties"]["scheduling"]["default"] == {
+        "gang": "none",
+        "kueueIntegration": "StatefulSet",
+        "disruptionBudget": True,
+    }
 
 
 def test_scale_subresource_points_at_eval_replicas() -> None:

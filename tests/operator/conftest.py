@@ -91,15 +91,3 @@ def ns(cluster: EmulatedCluster) -> str:
 @pytest.fixture
 def k(cluster: EmulatedCluster, ns: str) -> Kubectl:
     return Kubectl(cluster, ns)
-
-
-def job_document(name: str, **spec: Any) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "apiVersion": "rlkube.io/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": name},
-        "spec": {"env": {"id": "CartPole-v1"}, "trainer": {"replicas": 1}, "evaluator": {"replicas": 1}},
-    }
-    for key, value in spec.items():
-        document["spec"][key] = value
-    return document

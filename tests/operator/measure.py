@@ -26,8 +26,8 @@ from rlkube_devcluster.emulator.store import WatchEvent
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import job_document
 from tests.operator.harness import ROOT, kubectl
+from tests.operator.manifests import job_document
 
 CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet")
 CHILDREN_PER_JOB = 6  # ConfigMap, 3 Services, 2 StatefulSets

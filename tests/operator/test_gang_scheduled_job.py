@@ -17,8 +17,9 @@ from rlkube_devcluster.emulator.cluster import EmulatedCluster
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl, job_document
+from tests.operator.conftest import Kubectl
 from tests.operator.harness import ROOT
+from tests.operator.manifests import job_document
 from tests.scheduling.schemas import FILES, HERE
 
 GPU = {"limits": {"nvidia.com/gpu": 1}, "requests": {"cpu": "1", "memory": "2Gi"}}

@@ -18,8 +18,9 @@ from rlkube_devcluster.coordinators import FakeCoordinators
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl, job_document
+from tests.operator.conftest import Kubectl
 from tests.operator.harness import ROOT
+from tests.operator.manifests import job_document
 
 CHILDREN = [
     ("configmap", "{}-job"),

@@ -20,8 +20,9 @@ from rlkube_devcluster.emulator.cluster import EmulatedCluster, kubeconfig
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl, job_document
+from tests.operator.conftest import Kubectl
 from tests.operator.harness import ROOT
+from tests.operator.manifests import job_document
 
 PEERING = "rlkube-ha"
 #: What a user of the chart gets: RLKUBE_PEERING_LIFETIME's default.

@@ -20,7 +20,8 @@ from rlkube_devcluster.emulator.store import WatchEvent
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl, job_document
+from tests.operator.conftest import Kubectl
+from tests.operator.manifests import job_document
 
 #: What the issue asks of a deleted child: back within this many seconds.
 RESTORE_WITHIN = 10.0

@@ -11,7 +11,8 @@ from rlkube_devcluster.emulator.cluster import EmulatedCluster
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl, job_document
+from tests.operator.conftest import Kubectl
+from tests.operator.manifests import job_document
 
 
 @pytest.fixture(scope="module")

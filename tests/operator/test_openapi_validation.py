@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.operator.conftest import Kubectl, job_document
+from tests.operator.conftest import Kubectl
 from tests.operator.harness import ROOT
+from tests.operator.manifests import job_document
 
 EXAMPLE = ROOT / "examples" / "rljob.yaml"
 

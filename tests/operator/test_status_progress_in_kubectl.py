@@ -16,7 +16,8 @@ from rlkube_devcluster.coordinators import FakeCoordinators
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl, job_document
+from tests.operator.conftest import Kubectl
+from tests.operator.manifests import job_document
 from tests.status.test_progress_follows_the_proto import as_sent, every_field_set
 
 

@@ -84,6 +84,8 @@ class PodSandbox:
     config_maps: dict[str, tuple[str, list[dict[str, str]] | None]] = field(default_factory=dict)
     #: volume name -> Secret name and items (written by :meth:`write_secrets`)
     secrets: dict[str, tuple[str, list[dict[str, str]] | None]] = field(default_factory=dict)
+    #: volume name -> the sources of a projected volume (written by :meth:`write_projected`)
+    projected: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         meta = self.pod["metadata"]
@@ -123,6 +125,9 @@ class PodSandbox:
         if "secret" in volume:
             source = volume["secret"]
             self.secrets[name] = (source["secretName"], source.get("items"))
+            return self.disk_dir / "volumes" / name
+        if "projected" in volume:
+            self.projected[name] = list((volume["projected"] or {}).get("sources") or [])
             return self.disk_dir / "volumes" / name
         if "persistentVolumeClaim" in volume:
             namespace = self.pod["metadata"].get("namespace", "")
@@ -168,6 +173,41 @@ class PodSandbox:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data[item["key"]])
                 target.chmod(0o440)
+
+    def write_projected(self, *, token: Any, config_map: Any) -> None:
+        """Write each projected volume: the ServiceAccount admission plugin's ``kube-api-access-*``
+        (a bound token, the cluster's CA, the namespace) and any like it.
+
+        ``token(audience, seconds)`` returns a token for the pod's ServiceAccount (TokenRequest);
+        ``config_map(name)`` returns the ConfigMap or None.
+        """
+        for volume, sources in self.projected.items():
+            directory = self.volumes[volume]
+            directory.mkdir(parents=True, exist_ok=True)
+            for source in sources:
+                if "serviceAccountToken" in source:
+                    wanted = source["serviceAccountToken"]
+                    text = token(wanted.get("audience"), int(wanted.get("expirationSeconds", 3600)))
+                    (directory / wanted["path"]).write_text(text)
+                elif "configMap" in source:
+                    ref = source["configMap"]
+                    found = config_map(ref["name"])
+                    if found is None:
+                        if ref.get("optional"):
+                            continue
+                        raise SandboxError(f'configmap "{ref["name"]}" not found (volume {volume})')
+                    data = found.get("data") or {}
+                    for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
+                        (directory / item["path"]).write_text(data.get(item["key"], ""))
+                elif "downwardAPI" in source:
+                    for item in source["downwardAPI"].get("items") or []:
+                        field_path = (item.get("fieldRef") or {}).get("fieldPath", "")
+                        if field_path != "metadata.namespace":
+                            raise SandboxError(f"volume {volume}: downwardAPI {field_path!r} is not emulated")
+                        (directory / item["path"]).write_text(self.pod["metadata"].get("namespace", ""))
+                else:
+                    kinds = sorted(source)
+                    raise SandboxError(f"volume {volume}: projected {', '.join(kinds)} is not emulated")
 
     def remove(self) -> None:
         """Remove what lives and dies with the pod (its emptyDirs and own files)."""

@@ -1,0 +1,107 @@
+"""The dev cluster on the real control plane: Kubernetes itself, the RLJob CRD, and node agents.
+
+:class:`RealCluster` starts :class:`~.controlplane.cluster.ControlPlane` (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler), installs crds/rljob.yaml, and registers ``nodes`` node
+agents (:class:`~.kubelet.node_agent.NodeAgent`, each acting as ``system:node:<name>``) that run
+the pods the scheduler binds to them as local processes. The agents share one
+:class:`~.kubelet.network_thread.NetworkThread`, whose per-job unix sockets are where the
+operator (run beside it, :class:`~.operator_process.OperatorProcess`) reaches each coordinator.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+from rlkube.launch.processes import RestartBackOff
+
+from rlkube_devcluster import REPO
+from rlkube_devcluster.controlplane.cluster import ControlPlane
+from rlkube_devcluster.kubelet.api_client import ApiError, KubeApi
+from rlkube_devcluster.kubelet.network_thread import NetworkThread
+from rlkube_devcluster.kubelet.node_agent import NodeAgent, NodeCapacity
+from rlkube_devcluster.waiting import wait_for
+
+CRD = REPO / "crds" / "rljob.yaml"
+
+
+class RealCluster:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        nodes: int = 2,
+        capacity: NodeCapacity = NodeCapacity(cpu="16", memory="64Gi"),
+        backoff: RestartBackOff = RestartBackOff(),
+        socket_dir: Path | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.node_count = max(1, nodes)
+        self.capacity = capacity
+        self.backoff = backoff
+        # unix socket paths must stay short (108 bytes): a directory of their own under /tmp
+        self._own_sockets = socket_dir is None
+        self.socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="rlk"))
+        self.plane = ControlPlane(workdir / "controlplane")
+        self.networks: NetworkThread | None = None
+        self.agents: list[NodeAgent] = []
+
+    @property
+    def kubeconfig(self) -> Path:
+        """cluster-admin's kubeconfig (for kubectl and the operator)."""
+        return self.plane.kubeconfig
+
+    def start(self) -> RealCluster:
+        try:
+            self.plane.start()
+            self._install_crd()
+            self.networks = NetworkThread(self.socket_dir)
+            for index in range(self.node_count):
+                name = f"node-{index}"
+                kubeconfig = self.plane.kubeconfig_for(f"system:node:{name}", groups=("system:nodes",))
+                agent = NodeAgent(
+                    kubeconfig,
+                    name,
+                    self.workdir / "nodes" / name,
+                    capacity=self.capacity,
+                    api_port=self.plane.port,
+                    backoff=self.backoff,
+                    networks=self.networks,
+                )
+                self.agents.append(agent.start())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def coordinator_target(self, namespace: str, job: str) -> str:
+        assert self.networks is not None, "the cluster is not started"
+        return self.networks.coordinator_target(namespace, job)
+
+    def stop(self) -> None:
+        while self.agents:
+            self.agents.pop().stop()
+        if self.networks is not None:
+            self.networks.close()
+            self.networks = None
+        self.plane.stop()
+        if self._own_sockets:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    def _install_crd(self) -> None:
+        api = KubeApi(self.plane.kubeconfig)
+        crd = yaml.safe_load(CRD.read_text())
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        try:
+            api.create(path, crd)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+
+        def established() -> bool:
+            conditions = (api.get(f"{path}/{crd['metadata']['name']}").get("status") or {}).get("conditions")
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions or [])
+
+        wait_for(established, what="the RLJob CRD to be Established")

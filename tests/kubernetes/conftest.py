@@ -1,0 +1,64 @@
+"""Fixtures for the tests against the real control plane (``control_plane`` in tests/conftest.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+from rlkube_devcluster.waiting import wait_for
+
+from tests.operator.harness import ROOT, kubectl
+
+if TYPE_CHECKING:
+    from rlkube_devcluster.controlplane.cluster import ControlPlane
+
+_NAMESPACES = itertools.count()
+
+
+class Kube:
+    """kubectl as cluster-admin against the real API server, in one namespace."""
+
+    def __init__(self, plane: ControlPlane, namespace: str) -> None:
+        self.plane = plane
+        self.namespace = namespace
+
+    def __call__(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return kubectl(self.plane.kubeconfig, "-n", self.namespace, *args, input=input, check=check)
+
+    def apply(self, document: dict[str, Any] | str, *extra: str) -> subprocess.CompletedProcess[str]:
+        """``kubectl apply`` as a user types it (kubectl's default, strict, validation); not checked."""
+        text = document if isinstance(document, str) else yaml.safe_dump(document)
+        return self("apply", *extra, "-f", "-", input=text, check=False)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        result = self("get", kind, name, "-o", "json", check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+@pytest.fixture(scope="session")
+def rljob_crd(control_plane: ControlPlane) -> None:
+    """The RLJob CRD from crds/, applied and Established (served)."""
+    kubectl(control_plane.kubeconfig, "apply", "-f", str(ROOT / "crds"))
+
+    def established() -> bool:
+        crd = json.loads(
+            kubectl(control_plane.kubeconfig, "get", "crd", "rljobs.rlkube.io", "-o", "json").stdout
+        )
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for(established, what="the RLJob CRD to be Established")
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane) -> Kube:
+    """kubectl in a fresh namespace of its own."""
+    name = f"t{next(_NAMESPACES)}"
+    kubectl(control_plane.kubeconfig, "create", "namespace", name)
+    return Kube(control_plane, name)
