@@ -341,8 +341,18 @@ class CoordinatorPhase(StrEnum):
     STARTING = "Starting"
     RUNNING = "Running"
     COMPLETE = "Complete"
-    #: The status message says why.
+    #: :class:`EngineFailure` names why; the status message says it.
     FAILED = "Failed"
+
+
+class EngineFailure(StrEnum):
+    """Why rank 0's engine failed the job: ``JobStatus.EngineFailure`` on the wire, value for value
+    by name, and the reason of the RLJob's ``Failed`` condition (never read from the message)."""
+
+    #: No cause of its own: the message says what happened.
+    TRAINING_FAILED = "TrainingFailed"
+    #: A training step left NaN or Inf in the weights; they were not published.
+    NON_FINITE_WEIGHTS = "NonFiniteWeights"
 
 
 # Why a pod stopped: its termination message ----------------------------------------------------

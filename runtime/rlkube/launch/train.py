@@ -39,7 +39,7 @@ from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.disk import check_writable
 from rlkube.engine.eval_engine import EvalEngine
-from rlkube.engine.failure import NonFiniteWeights, read_failure
+from rlkube.engine.failure import NonFiniteWeights, read_failure, recorded_reason
 from rlkube.engine.loggers import backend_observers
 from rlkube.engine.pod_metrics import bind_coordinator
 from rlkube.engine.ranks import RankChannel
@@ -196,7 +196,11 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             return _idle(stop, server)
         if failed is not None:
             logger.error("%s failed: %s; serving the failure", job.name, failed["message"])
-            coordinator.finish(phase=CoordinatorPhase.FAILED, message=failed["message"])
+            coordinator.finish(
+                phase=CoordinatorPhase.FAILED,
+                message=failed["message"],
+                failure_reason=recorded_reason(failed),
+            )
             return _idle(stop, server)
     elif _job_finished(env, stop):
         return _idle(stop, None)
