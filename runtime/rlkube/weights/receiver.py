@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
 from rlkube.weight_key import WeightKey
 from rlkube.weights.client import WeightStoreClient
@@ -45,6 +44,7 @@ from rlkube.weights.service import newer
 from rlkube.weights.shm import ShmWriter, SlotLease
 from rlkube.weights.shm_files import trainer_present
 from rlkube.weights.shm_header import SlotMeta
+from rlkube.weights.version import WeightVersion
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class NodeReceiver:
         self._layouts: dict[str, WeightLayout] = {}
         self._stop = threading.Event()
         self._announced = threading.Condition()
-        self._pending: pb.WeightVersion | None = None
+        self._pending: WeightVersion | None = None
         self._threads: list[threading.Thread] = []
         self._watch_client: WeightStoreClient | None = None
         self._watching: threading.Event | None = None  # set to end the current election's watch
@@ -219,14 +219,14 @@ class NodeReceiver:
             except (ValueError, AssertionError):  # the channel was closed by close() or a stand-down
                 return
 
-    def _announce(self, version: pb.WeightVersion) -> None:
+    def _announce(self, version: WeightVersion) -> None:
         with self._announced:
             pending = self._pending
             if pending is None or newer(version, WeightKey(pending.incarnation, pending.version)):
                 self._pending = version
                 self._announced.notify_all()
 
-    def _take_announced(self, timeout: float) -> pb.WeightVersion | None:
+    def _take_announced(self, timeout: float) -> WeightVersion | None:
         with self._announced:
             if self._pending is None:
                 self._announced.wait(timeout)
@@ -234,7 +234,7 @@ class NodeReceiver:
             return version
 
     # -- one version
-    def apply(self, version: pb.WeightVersion) -> SlotMeta:
+    def apply(self, version: WeightVersion) -> SlotMeta:
         """Fetch, verify and publish ``version`` into this node's buffer (the writer must be open)."""
         if not self.writer.is_open:
             self.writer.open()
@@ -298,7 +298,7 @@ class NodeReceiver:
             self._layouts = {digest: layout, **dict(list(self._layouts.items())[:3])}
         return layout
 
-    def _fetch(self, version: pb.WeightVersion, lease: SlotLease) -> tuple[int, set[int]]:
+    def _fetch(self, version: WeightVersion, lease: SlotLease) -> tuple[int, set[int]]:
         """Fill the lease from the network; returns the hash-list root of the chunks received and
         the checksums the ranges' commit chunks carried."""
         total, grid = version.total_bytes, version.chunk_bytes
