@@ -40,10 +40,10 @@ from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.disk import check_writable
 from rlkube.engine.eval_engine import EvalEngine
 from rlkube.engine.failure import NonFiniteWeights, read_failure, recorded_reason
-from rlkube.engine.loggers import backend_observers
+from rlkube.engine.loggers import run_observers
 from rlkube.engine.pod_metrics import bind_coordinator
 from rlkube.engine.ranks import RankChannel
-from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles
+from rlkube.engine.report import RunObserver
 from rlkube.engine.rsl_engine import RSLEngine
 from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.sync_engine import SyncEngine
@@ -280,16 +280,7 @@ def _job_finished(env: PodEnv, stop: threading.Event) -> bool:
 
 
 def _observers(job: RLJob, paths: RunPaths) -> list[RunObserver]:
-    observers: list[RunObserver] = backend_observers(
-        job.spec.log,
-        run_dir=paths.run_dir,
-        tensorboard_dir=paths.tensorboard,
-        job=job.name,
-        config=job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
-    )
-    observers += [LearningCurve(paths.plot), SummaryFiles(paths.summary)]
-    observers.append(PlainProgress(interval=job.spec.log.interval_seconds))
-    return observers
+    return [*run_observers(job, paths), PlainProgress(interval=job.spec.log.interval_seconds)]
 
 
 def _idle(

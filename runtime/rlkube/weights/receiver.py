@@ -39,6 +39,7 @@ from rlkube.weight_key import WeightKey
 from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import hash_list_root
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
+from rlkube.weights.fetch_checks import FetchResult
 from rlkube.weights.layout import LayoutError, WeightLayout
 from rlkube.weights.service import newer
 from rlkube.weights.shm import ShmWriter, SlotLease
@@ -312,8 +313,9 @@ class NodeReceiver:
         def fetch_range(index: int) -> int:
             start, end = ranges[index]
             address = self.config.source if len(ranges) == 1 else sources[index % len(sources)]
-            try:
-                got = self._client(address, index).fetch_into(
+
+            def fetch_from(source: str) -> FetchResult:
+                return self._client(source, index).fetch_into(
                     version,
                     lease.array,
                     offset=start,
@@ -321,20 +323,16 @@ class NodeReceiver:
                     digests=digests,
                     while_packing=True,
                 )
+
+            try:
+                got = fetch_from(address)
             except (FetchError, IntegrityError) as exc:
                 if address == self.config.source:
                     raise
                 logger.info(
                     "range %d-%d from %s failed (%s); fetching it from rank 0", start, end, address, exc
                 )
-                got = self._client(self.config.source, index).fetch_into(
-                    version,
-                    lease.array,
-                    offset=start,
-                    length=end - start,
-                    digests=digests,
-                    while_packing=True,
-                )
+                got = fetch_from(self.config.source)
             if got.root is not None:
                 committed.add(got.root)
             return got.nbytes

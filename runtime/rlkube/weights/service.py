@@ -412,13 +412,7 @@ def fetch_pieces(
         )
     try:
         meta = pinned.meta
-        if request.layout_digest and request.layout_digest != meta.digest:
-            raise FetchRefused(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"version {request.version} has layout {meta.digest}, not {request.layout_digest}",
-            )
-        start = int(request.offset)
-        end = meta.length if request.length == 0 else start + int(request.length)
+        start, end = _requested_range(request, layout_digest=meta.digest, total=meta.length)
         if start > end or end > meta.length:
             raise FetchRefused(
                 grpc.StatusCode.OUT_OF_RANGE,
@@ -441,6 +435,18 @@ def fetch_pieces(
             yield _commit_piece(board, meta.key, meta.version, end, active)
     finally:
         pinned.release()
+
+
+def _requested_range(request: pb.FetchWeightsRequest, *, layout_digest: str, total: int) -> tuple[int, int]:
+    """``[start, end)`` of a fetch of a version of ``total`` bytes (length 0: to the end); a
+    request for another layout is refused (FAILED_PRECONDITION). The caller checks the bounds."""
+    if request.layout_digest and request.layout_digest != layout_digest:
+        raise FetchRefused(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"version {request.version} has layout {layout_digest}, not {request.layout_digest}",
+        )
+    start = int(request.offset)
+    return start, total if request.length == 0 else start + int(request.length)
 
 
 def _commit_piece(
@@ -471,13 +477,7 @@ def _pieces_while_packing(
     """A fetch of a version being packed: chunk k as soon as it is ready, then the commit piece."""
     version = record.announcement
     grid, total = version.chunk_bytes, version.total_bytes
-    if request.layout_digest and request.layout_digest != version.layout_digest:
-        raise FetchRefused(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"version {request.version} has layout {version.layout_digest}, not {request.layout_digest}",
-        )
-    start = int(request.offset)
-    end = total if request.length == 0 else start + int(request.length)
+    start, end = _requested_range(request, layout_digest=version.layout_digest, total=total)
     off_grid = start % grid or (request.chunk_bytes and request.chunk_bytes != grid)
     if start > end or end > total or off_grid:
         raise FetchRefused(
