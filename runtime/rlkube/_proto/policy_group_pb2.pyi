@@ -385,7 +385,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase_name", "epoch", "max_epochs", "env_steps", "last_return", "episodes", "weight_version", "last_sync_time", "nodes", "workers", "train_ranks", "eval_workers", "steps_per_second", "finished", "message", "fingerprints_consistent", "incarnation", "eval_return", "dropped_stale", "phase", "fragments_refused", "fragments_quarantined", "workers_evicted", "refusals")
+    __slots__ = ("phase_name", "epoch", "max_epochs", "env_steps", "last_return", "episodes", "weight_version", "last_sync_time", "nodes", "workers", "train_ranks", "eval_workers", "steps_per_second", "finished", "message", "fingerprints_consistent", "incarnation", "eval_return", "dropped_stale", "phase", "fragments_refused", "fragments_quarantined", "workers_evicted", "refusals", "failure_reason")
     class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         Starting: _ClassVar[JobStatus.Phase]
@@ -396,6 +396,12 @@ class JobStatus(_message.Message):
     Running: JobStatus.Phase
     Complete: JobStatus.Phase
     Failed: JobStatus.Phase
+    class EngineFailure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TrainingFailed: _ClassVar[JobStatus.EngineFailure]
+        NonFiniteWeights: _ClassVar[JobStatus.EngineFailure]
+    TrainingFailed: JobStatus.EngineFailure
+    NonFiniteWeights: JobStatus.EngineFailure
     PHASE_NAME_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +426,7 @@ class JobStatus(_message.Message):
     FRAGMENTS_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     WORKERS_EVICTED_FIELD_NUMBER: _ClassVar[int]
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     phase_name: str
     epoch: int
     max_epochs: int
@@ -444,4 +451,5 @@ class JobStatus(_message.Message):
     fragments_quarantined: int
     workers_evicted: int
     refusals: _containers.RepeatedCompositeFieldContainer[FragmentRefusal]
-    def __init__(self, phase_name: _Optional[str] = ..., epoch: _Optional[int] = ..., max_epochs: _Optional[int] = ..., env_steps: _Optional[int] = ..., last_return: _Optional[float] = ..., episodes: _Optional[int] = ..., weight_version: _Optional[int] = ..., last_sync_time: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeWeights, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., train_ranks: _Optional[int] = ..., eval_workers: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., fingerprints_consistent: _Optional[bool] = ..., incarnation: _Optional[str] = ..., eval_return: _Optional[float] = ..., dropped_stale: _Optional[int] = ..., phase: _Optional[_Union[JobStatus.Phase, str]] = ..., fragments_refused: _Optional[int] = ..., fragments_quarantined: _Optional[int] = ..., workers_evicted: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[FragmentRefusal, _Mapping]]] = ...) -> None: ...
+    failure_reason: JobStatus.EngineFailure
+    def __init__(self, phase_name: _Optional[str] = ..., epoch: _Optional[int] = ..., max_epochs: _Optional[int] = ..., env_steps: _Optional[int] = ..., last_return: _Optional[float] = ..., episodes: _Optional[int] = ..., weight_version: _Optional[int] = ..., last_sync_time: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeWeights, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., train_ranks: _Optional[int] = ..., eval_workers: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., fingerprints_consistent: _Optional[bool] = ..., incarnation: _Optional[str] = ..., eval_return: _Optional[float] = ..., dropped_stale: _Optional[int] = ..., phase: _Optional[_Union[JobStatus.Phase, str]] = ..., fragments_refused: _Optional[int] = ..., fragments_quarantined: _Optional[int] = ..., workers_evicted: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[FragmentRefusal, _Mapping]]] = ..., failure_reason: _Optional[_Union[JobStatus.EngineFailure, str]] = ...) -> None: ...

@@ -35,7 +35,7 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from rlkube.contract import CoordinatorPhase
+from rlkube.contract import CoordinatorPhase, EngineFailure
 from rlkube.coordinator.edge import (
     MAX_EPISODES_PER_PUSH,
     MAX_FINGERPRINT_ENTRIES,
@@ -103,6 +103,7 @@ class EngineStatus:
     message: str | None = None
     finished: bool | None = None
     train_ranks: int | None = None
+    failure_reason: EngineFailure | None = None  # why, when phase is FAILED
 
     def merged(self, update: EngineStatus) -> EngineStatus:
         """This status with the fields ``update`` gives."""
@@ -621,10 +622,20 @@ class Coordinator:
             self.snapshot = self.snapshot.merged(status)
             self._cond.notify_all()
 
-    def finish(self, *, phase: CoordinatorPhase = CoordinatorPhase.COMPLETE, message: str = "") -> None:
-        """The job is over: leases answer STOP, the board is closed."""
+    def finish(
+        self,
+        *,
+        phase: CoordinatorPhase = CoordinatorPhase.COMPLETE,
+        message: str = "",
+        failure_reason: EngineFailure | None = None,
+    ) -> None:
+        """The job is over: leases answer STOP, the board is closed. A failed job names its
+        ``failure_reason`` (default: :attr:`EngineFailure.TRAINING_FAILED`)."""
+        phase = CoordinatorPhase(phase)
+        if phase is CoordinatorPhase.FAILED and failure_reason is None:
+            failure_reason = EngineFailure.TRAINING_FAILED
         with self._cond:
-            done = EngineStatus(finished=True, phase=CoordinatorPhase(phase), message=message)
+            done = EngineStatus(finished=True, phase=phase, message=message, failure_reason=failure_reason)
             self.snapshot = self.snapshot.merged(done)
             self.board.close()
             self._cond.notify_all()
