@@ -1,0 +1,187 @@
+"""An RLJob with ``kueueIntegration: RLJob`` is one Kueue Workload, on the real control plane and a
+real Kueue: queued until admitted, placed on the admitted flavour's nodes, gone with its job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rlkube_devcluster.waiting import wait_for
+
+from tests.kueue.conftest import KueueCluster
+
+pytestmark = pytest.mark.slow
+
+#: What each job's pods ask for: one CPU per pod, two pods (one train rank, one eval worker).
+POD_CPU = "1"
+
+
+def queues(namespace: str, *, cpu: str, preemption: bool = False) -> list[dict[str, Any]]:
+    """A ResourceFlavor on node-1 only, a ClusterQueue with ``cpu`` of quota, a LocalQueue."""
+    flavor = f"{namespace}-node-1"
+    cluster_queue: dict[str, Any] = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": namespace},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [
+                        {
+                            "name": flavor,
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": cpu},
+                                {"name": "memory", "nominalQuota": "64Gi"},
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+    if preemption:
+        cluster_queue["spec"]["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor},
+            "spec": {"nodeLabels": {"kubernetes.io/hostname": "node-1"}},
+        },
+        cluster_queue,
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "research", "namespace": namespace},
+            "spec": {"clusterQueue": namespace},
+        },
+    ]
+
+
+def rljob(name: str, namespace: str, *, max_epochs: int = 2, **extra: Any) -> dict[str, Any]:
+    requests = {"resources": {"requests": {"cpu": POD_CPU, "memory": "256Mi"}}}
+    spec: dict[str, Any] = {
+        "engine": "sync",
+        "policy": {"type": "PPO", "modelCfg": {"hiddenSizes": [16]}, "algoCfg": {"updateEpochs": 1}},
+        "env": {"id": "CartPole-v1", "numEnvs": 2},
+        "train": {
+            "maxEpochs": max_epochs,
+            "stepsPerEpoch": 128,
+            "fragmentLength": 16,
+            "batchSize": 64,
+            "evalInterval": 0,
+            "saveInterval": 0,
+        },
+        "trainer": {"replicas": 1, **requests},
+        "evaluator": {"replicas": 1, **requests},
+        "log": {"intervalSeconds": 1},
+        "scheduling": {"gang": "kueue", "queue": "research", "kueueIntegration": "RLJob"},
+    }
+    for key, value in extra.items():
+        spec[key] = {**spec.get(key, {}), **value}
+    return {
+        "apiVersion": "rlkube.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def condition(job: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for found in ((job or {}).get("status") or {}).get("conditions") or []:
+        if found["type"] == kind:
+            return dict(found)
+    return {}
+
+
+def phase(kube: KueueCluster, name: str, namespace: str) -> str:
+    return str(((kube.get("rlj", name, namespace) or {}).get("status") or {}).get("phase", ""))
+
+
+def job_pods(kube: KueueCluster, name: str, namespace: str) -> list[dict[str, Any]]:
+    return kube.items("pods", namespace, "-l", f"rlkube.io/job-name={name}")
+
+
+def test_two_rljobs_on_a_cluster_queue_with_room_for_one_run_one_after_the_other(
+    kueue_cluster: KueueCluster,
+) -> None:
+    kube = kueue_cluster
+    ns = kube.namespace()
+    kube.apply(*queues(ns, cpu="3"))  # one job (2 CPUs) fits, two do not
+    kube.apply(rljob("first", ns))
+    wait_for(
+        lambda: phase(kube, "first", ns) == "Running",
+        timeout=300,
+        interval=1,
+        what=f"the first job to run; {kube.logs()}",
+    )
+    kube.apply(rljob("second", ns))
+    wait_for(
+        lambda: condition(kube.get("rlj", "second", ns), "Suspended").get("reason") == "Queued",
+        timeout=120,
+        interval=0.5,
+        what=f"the second job to be Queued; {kube.logs()}",
+    )
+    second = kube.get("rlj", "second", ns)
+    assert second is not None
+    assert second["status"]["phase"] == "Suspended", second["status"]
+    assert second["status"]["message"].startswith("queued by Kueue ("), second["status"]
+    workload = kube.get("workloads.kueue.x-k8s.io", "rljob-second", ns)
+    assert workload is not None
+    assert [(p["name"], p["count"]) for p in workload["spec"]["podSets"]] == [("train", 1), ("eval", 1)]
+    assert workload["metadata"]["ownerReferences"][0]["kind"] == "RLJob"
+    # The admitted flavour's node labels reached the first job's pods: they run on node-1 only.
+    pods = job_pods(kube, "first", ns)
+    assert pods
+    assert {p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods} == {"node-1"}
+    assert {p["spec"].get("nodeName") for p in pods} == {"node-1"}
+    assert not job_pods(kube, "second", ns)  # queued: no pod at all
+
+    wait_for(
+        lambda: phase(kube, "first", ns) in ("Complete", "Failed"),
+        timeout=600,
+        interval=1,
+        what=f"the first job to finish; {kube.logs()}",
+    )
+    assert phase(kube, "first", ns) == "Complete"
+    finished = condition(kube.get("workloads.kueue.x-k8s.io", "rljob-first", ns), "Finished")
+    assert finished.get("status") == "True", finished
+    wait_for(
+        lambda: phase(kube, "second", ns) in ("Complete", "Failed"),
+        timeout=600,
+        interval=1,
+        what=f"the second job to run once the first freed the quota, and finish; {kube.logs()}",
+    )
+    second = kube.get("rlj", "second", ns)
+    assert second is not None
+    assert second["status"]["phase"] == "Complete", second["status"]
+    assert condition(second, "Suspended")["reason"] == "Admitted"
+    events = kube.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=second").stdout
+    assert "Queued" in events
+    assert "Admitted" in events
+
+
+def test_deleting_an_rljob_removes_its_workload(kueue_cluster: KueueCluster) -> None:
+    kube = kueue_cluster
+    ns = kube.namespace()
+    kube.apply(*queues(ns, cpu="0"))  # no room: the job stays queued
+    kube.apply(rljob("doomed", ns))
+    wait_for(
+        lambda: kube.get("workloads.kueue.x-k8s.io", "rljob-doomed", ns),
+        timeout=120,
+        what=f"the job's Workload; {kube.logs()}",
+    )
+    wait_for(
+        lambda: condition(kube.get("rlj", "doomed", ns), "Suspended").get("reason") == "Queued",
+        timeout=120,
+        what=f"the job to be Queued; {kube.logs()}",
+    )
+    kube.kubectl("delete", "rlj", "doomed", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_for(
+        lambda: kube.get("workloads.kueue.x-k8s.io", "rljob-doomed", ns) is None,
+        timeout=120,
+        what="garbage collection to remove the Workload",
+    )
