@@ -12,7 +12,8 @@ only while it is admitted. This module holds the decisions, no I/O:
 * :func:`read_admission`: what the Workload says (queued, admitted with which flavours, evicted
   with which reason, finished) as one frozen :class:`Admission`.
 * :func:`place`: the admitted flavours' node labels and tolerations on the StatefulSets' pods,
-  what Kueue's own integrations inject into a job's pod templates when they start it.
+  what Kueue's own integrations inject into a job's pod templates when they start it;
+  :func:`within_admission`: no more eval pods than Kueue admitted.
 * :func:`finished_status` and :func:`released_status`: the Workload status patches the
   integration writes: Finished when the job ends (Kueue frees its quota), and, after an eviction
   once every pod is gone, QuotaReserved=False without admission (Kueue requeues it), as Kueue's
@@ -67,6 +68,8 @@ class Admission:
     cluster_queue: str = ""
     #: PodSet name -> the ResourceFlavors it was admitted on.
     flavors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: PodSet name -> the pods admitted (the PodSet's count when Kueue does not say).
+    counts: Mapping[str, int] = field(default_factory=dict)
     #: Whether the Workload holds quota (an evicted one does until the integration releases it).
     has_reservation: bool = False
 
@@ -165,6 +168,14 @@ def read_admission(workload: Mapping[str, Any] | None) -> Admission:
             str(a.get("name")): tuple(sorted(set((a.get("flavors") or {}).values())))
             for a in admission.get("podSetAssignments") or []
         }
+        declared = {
+            str(p.get("name")): int(p.get("count", 0))
+            for p in (workload.get("spec") or {}).get("podSets") or []
+        }
+        counts = {
+            str(a.get("name")): int(a.get("count", declared.get(str(a.get("name")), 0)))
+            for a in admission.get("podSetAssignments") or []
+        }
         admitted = conditions[ADMITTED]
         return Admission(
             QueueState.ADMITTED,
@@ -172,6 +183,7 @@ def read_admission(workload: Mapping[str, Any] | None) -> Admission:
             str(admitted.get("message", "")),
             cluster_queue=str(admission.get("clusterQueue", "")),
             flavors=flavors,
+            counts=counts,
             has_reservation=True,
         )
     quota = conditions.get(QUOTA_RESERVED)
@@ -215,6 +227,20 @@ def place(objects: list[dict[str, Any]], placements: Mapping[Role, Placement]) -
             tolerations += [dict(t) for t in found.tolerations if dict(t) not in tolerations]
             pod["tolerations"] = tolerations
         out.append(placed)
+    return out
+
+
+def within_admission(objects: list[dict[str, Any]], admission: Admission) -> list[dict[str, Any]]:
+    """``objects`` with the eval StatefulSet at most as large as the eval pods Kueue admitted: a
+    ``kubectl scale`` beyond it waits (the Workload's PodSets cannot change while it holds quota)."""
+    admitted = admission.counts.get(POD_SETS[Role.EVAL])
+    out = []
+    for obj in objects:
+        role = (obj.get("metadata", {}).get("labels") or {}).get(c.LABEL_ROLE)
+        eval_set = obj.get("kind") == "StatefulSet" and role == Role.EVAL.value
+        if admitted is not None and eval_set and int(obj["spec"].get("replicas") or 0) > admitted:
+            obj = {**obj, "spec": {**obj["spec"], "replicas": admitted}}
+        out.append(obj)
     return out
 
 

@@ -34,6 +34,7 @@ from rlkube_operator.kueue_workload import (
     place,
     queue_message,
     uses_workload,
+    within_admission,
 )
 from rlkube_operator.refusal_events import RefusalReason, refusal_events
 from rlkube_operator.render import (
@@ -417,7 +418,8 @@ class Reconciler:
             if report is None and children.train.ready > 0:
                 metrics.UNREACHABLE.inc()
         now = now or self.clock()
-        derived = derive_status(_as_suspended(job) if _held(admission) else job, children, report, now=now)
+        waiting = admission is not None and admission.state in (QueueState.QUEUED, QueueState.PREEMPTED)
+        derived = derive_status(_as_suspended(job) if waiting else job, children, report, now=now)
         status = derived.status
         if admission is not None and not job.spec.run_policy.suspend:
             status = overlay_status(status, admission)
@@ -477,7 +479,7 @@ class Reconciler:
         if admission is None or not admission.runs or self.kueue is None:
             return objects
         try:
-            return place(objects, self.kueue.placements(admission))
+            return within_admission(place(objects, self.kueue.placements(admission)), admission)
         except ApiError as exc:
             raise ReconcileError(
                 f"reading Kueue's ResourceFlavors failed: {exc}", retryable=exc.retryable

@@ -185,3 +185,110 @@ def test_deleting_an_rljob_removes_its_workload(kueue_cluster: KueueCluster) -> 
         timeout=120,
         what="garbage collection to remove the Workload",
     )
+
+
+def priority_classes() -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+            "preemptionPolicy": "Never",  # Kueue preempts; the scheduler need not
+        }
+        for name, value in (("rlkube-test-low", 10), ("rlkube-test-high", 1000))
+    ]
+
+
+def checkpoint_claim(namespace: str) -> list[dict[str, Any]]:
+    """A claim bound to a PersistentVolume of its own (the node agent keeps its files on the node)."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{namespace}-runs"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "hostPath": {"path": f"/tmp/rlkube-{namespace}-runs"},
+                "claimRef": {"namespace": namespace, "name": "runs"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "runs", "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": f"{namespace}-runs",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]
+
+
+def epoch(kube: KueueCluster, name: str, namespace: str) -> int:
+    status = (kube.get("rlj", name, namespace) or {}).get("status") or {}
+    return int((status.get("progress") or {}).get("epoch") or 0)
+
+
+def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_checkpoint(
+    kueue_cluster: KueueCluster,
+) -> None:
+    kube = kueue_cluster
+    ns = kube.namespace()
+    kube.apply(*priority_classes())
+    kube.apply(*queues(ns, cpu="3", preemption=True), *checkpoint_claim(ns))
+    low = rljob(
+        "low",
+        ns,
+        max_epochs=40,
+        trainer={"priorityClassName": "rlkube-test-low"},
+        checkpoint={"claimName": "runs"},
+    )
+    kube.apply(low)
+    wait_for(
+        lambda: epoch(kube, "low", ns) >= 2,
+        timeout=300,
+        interval=1,
+        what=f"the low-priority job to train a few epochs; {kube.logs()}",
+    )
+    kube.apply(rljob("high", ns, trainer={"priorityClassName": "rlkube-test-high"}))
+    wait_for(
+        lambda: condition(kube.get("rlj", "low", ns), "Suspended").get("reason") == "Preempted",
+        timeout=120,
+        interval=0.5,
+        what=f"Kueue to preempt the low-priority job; {kube.logs()}",
+    )
+    preempted_at = epoch(kube, "low", ns)
+    wait_for(
+        lambda: phase(kube, "high", ns) in ("Complete", "Failed"),
+        timeout=600,
+        interval=1,
+        what=f"the high-priority job to run in the released quota and finish; {kube.logs()}",
+    )
+    assert phase(kube, "high", ns) == "Complete"
+    wait_for(
+        lambda: phase(kube, "low", ns) in ("Complete", "Failed"),
+        timeout=600,
+        interval=1,
+        what=f"the preempted job to be admitted again and finish; {kube.logs()}",
+    )
+    finished = kube.get("rlj", "low", ns)
+    assert finished is not None
+    assert finished["status"]["phase"] == "Complete", finished["status"]
+    assert finished["status"]["progress"]["epoch"] == 40
+    # The second incarnation of train rank 0 resumed from the checkpoint the first one saved on SIGTERM.
+    logs = sorted(kube.cluster.workdir.glob(f"nodes/*/logs/{ns}_low-train-0_*/*.log"))
+    resumed = [
+        line
+        for log in logs
+        for line in log.read_text(errors="replace").splitlines()
+        if "resumed from" in line
+    ]
+    assert resumed, f"no 'resumed from' in {logs}"
+    assert int(resumed[-1].rsplit("epoch ", 1)[1].rstrip(")")) >= max(1, preempted_at - 1), resumed
+    events = kube.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=low").stdout
+    assert "Preempted" in events

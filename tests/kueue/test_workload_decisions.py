@@ -16,6 +16,7 @@ from rlkube_operator.kueue_workload import (
     released_status,
     render_workload,
     uses_workload,
+    within_admission,
 )
 from rlkube_operator.render import render
 from rlkube_operator.settings import RenderSettings
@@ -166,3 +167,11 @@ def test_the_suspended_condition_says_queued_admitted_or_preempted_with_kueues_w
     admitted = overlay_status(running, Admission(QueueState.ADMITTED, cluster_queue="gpus"))
     assert admitted["conditions"][0]["reason"] == "Admitted"
     assert admitted["message"] == running["message"]  # a running job's message is its own
+
+
+def test_eval_pods_beyond_the_admitted_count_wait() -> None:
+    objects = render(job(), SETTINGS)  # 3 eval replicas asked for
+    admitted = Admission(QueueState.ADMITTED, counts={"train": 4, "eval": 2})
+    by_name = {o["metadata"]["name"]: o for o in within_admission(objects, admitted)}
+    assert by_name["cartpole-eval"]["spec"]["replicas"] == 2
+    assert by_name["cartpole-train"]["spec"]["replicas"] == 4
