@@ -111,13 +111,18 @@ def test_two_rljobs_on_a_cluster_queue_with_room_for_one_run_one_after_the_other
     kube = kueue_cluster
     ns = kube.namespace()
     kube.apply(*queues(ns, cpu="3"))  # one job (2 CPUs) fits, two do not
-    kube.apply(rljob("first", ns))
+    kube.apply(rljob("first", ns, max_epochs=30))  # long enough to be running while the second waits
     wait_for(
         lambda: phase(kube, "first", ns) == "Running",
         timeout=300,
         interval=1,
         what=f"the first job to run; {kube.logs()}",
     )
+    # The admitted flavour's node labels reached the first job's pods: they run on node-1 only.
+    pods = job_pods(kube, "first", ns)
+    assert pods
+    assert {p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods} == {"node-1"}
+    assert {p["spec"].get("nodeName") for p in pods} == {"node-1"}
     kube.apply(rljob("second", ns))
     wait_for(
         lambda: condition(kube.get("rlj", "second", ns), "Suspended").get("reason") == "Queued",
@@ -133,11 +138,7 @@ def test_two_rljobs_on_a_cluster_queue_with_room_for_one_run_one_after_the_other
     assert workload is not None
     assert [(p["name"], p["count"]) for p in workload["spec"]["podSets"]] == [("train", 1), ("eval", 1)]
     assert workload["metadata"]["ownerReferences"][0]["kind"] == "RLJob"
-    # The admitted flavour's node labels reached the first job's pods: they run on node-1 only.
-    pods = job_pods(kube, "first", ns)
-    assert pods
-    assert {p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods} == {"node-1"}
-    assert {p["spec"].get("nodeName") for p in pods} == {"node-1"}
+    assert phase(kube, "first", ns) == "Running"  # the second waits for it, not for nothing
     assert not job_pods(kube, "second", ns)  # queued: no pod at all
 
     wait_for(
