@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -29,11 +29,14 @@ from rlkube_operator.kueue_workload import (
     Admission,
     Placement,
     QueueState,
+    eval_slice_name,
     finished_status,
     owned_by,
     placement,
+    pod_set_count,
     read_admission,
     released_status,
+    render_eval_slice,
     render_workload,
     workload_name,
 )
@@ -77,7 +80,62 @@ class KueueGate:
                 # PodSets as stored while quota is held.
                 pod_sets = patch.get("podSets", spec.get("podSets"))
                 current = self.kube.apply({**wanted, "spec": {**wanted["spec"], "podSets": pod_sets}})
-        return read_admission(current)
+        base = read_admission(current)
+        if not base.runs:
+            self.drop_eval_slice(job)  # queued, evicted or finished: one Workload holds the whole job
+            return base
+        return self._with_eval_slice(job, base, current)
+
+    def _with_eval_slice(self, job: RLJob, base: Admission, current: Mapping[str, Any]) -> Admission:
+        """An admitted job's eval replicas beyond its Workload's eval PodSet, as a slice of their own."""
+        eval_set = POD_SETS[Role.EVAL]
+        base_eval = pod_set_count(current, eval_set)
+        extra = job.spec.evaluator.replicas - base_eval
+        found = self._eval_slice(job)
+        if extra <= 0:
+            self.drop_eval_slice(job)
+            return base
+        if found is not None and pod_set_count(found, eval_set) != extra:
+            if read_admission(found).has_reservation:
+                # Resized while it holds quota (immutable then): a slice of the new size queues anew.
+                self.kube.delete(WORKLOAD_API, "Workload", job.namespace, eval_slice_name(job))
+                found = None
+            else:
+                found = self.kube.apply(
+                    render_eval_slice(job, self.settings, count=extra, priority=self._priority(job))
+                )
+        if found is None:
+            found = self.kube.apply(
+                render_eval_slice(job, self.settings, count=extra, priority=self._priority(job))
+            )
+        extension = read_admission(found)
+        admitted = base.counts.get(eval_set, base_eval) + (extra if extension.runs else 0)
+        return replace(base, counts={**base.counts, eval_set: admitted}, eval_slice=extension)
+
+    def _eval_slice(self, job: RLJob) -> dict[str, Any] | None:
+        found = self.kube.get(WORKLOAD_API, "Workload", job.namespace, eval_slice_name(job))
+        return found if found is not None and owned_by(found, job) else None
+
+    def drop_eval_slice(self, job: RLJob) -> None:
+        """Delete the job's eval slice, if any (Kueue frees what it held)."""
+        if self._eval_slice(job) is not None:
+            self.kube.delete(WORKLOAD_API, "Workload", job.namespace, eval_slice_name(job))
+
+    def release_eval_slice(self, job: RLJob, *, eval_pods: int, base_eval: int, now: datetime) -> str | None:
+        """An evicted eval slice's quota, released once the eval pods are back to ``base_eval``."""
+        found = self._eval_slice(job)
+        if found is None or eval_pods > base_eval:
+            return None
+        extension = read_admission(found)
+        if extension.state is not QueueState.PREEMPTED or not extension.has_reservation:
+            return None
+        try:
+            self._patch_status(found, released_status(found, stamp=_stamp(now)))
+        except ApiError as exc:
+            if exc.status == 409:
+                return None
+            raise
+        return f"Workload {eval_slice_name(job)}: eval slice evicted ({extension.reason}), quota released"
 
     def _priority(self, job: RLJob) -> int | None:
         name = job.spec.trainer.priority_class_name

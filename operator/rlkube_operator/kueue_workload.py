@@ -72,6 +72,8 @@ class Admission:
     counts: Mapping[str, int] = field(default_factory=dict)
     #: Whether the Workload holds quota (an evicted one does until the integration releases it).
     has_reservation: bool = False
+    #: The job's eval slice (eval replicas beyond those of the admitted Workload), if it has one.
+    eval_slice: Admission | None = None
 
     @property
     def runs(self) -> bool:
@@ -125,6 +127,37 @@ def render_workload(job: RLJob, settings: RenderSettings, *, priority: int | Non
     if owners:
         metadata["ownerReferences"] = owners
     return {"apiVersion": WORKLOAD_API, "kind": "Workload", "metadata": metadata, "spec": spec}
+
+
+#: The label that marks a job's eval slice (its value: the PodSet it extends).
+LABEL_SLICE = "rlkube.io/kueue-slice"
+
+
+def eval_slice_name(job: RLJob) -> str:
+    """``rljob-<name>-eval``: the Workload of the eval replicas a scale added to an admitted job."""
+    return f"rljob-{job.name}-eval"[:253]
+
+
+def render_eval_slice(
+    job: RLJob, settings: RenderSettings, *, count: int, priority: int | None
+) -> dict[str, Any]:
+    """A Workload of ``count`` more eval pods, queued on its own: an admitted Workload's PodSets
+    cannot change, so a scale-up beyond them waits as a slice of its own, and a preemption that
+    takes it shrinks the eval side instead of stopping the job."""
+    workload = render_workload(job, settings, priority=priority)
+    workload["metadata"]["name"] = eval_slice_name(job)
+    workload["metadata"]["labels"][LABEL_SLICE] = POD_SETS[Role.EVAL]
+    eval_set = next(p for p in workload["spec"]["podSets"] if p["name"] == POD_SETS[Role.EVAL])
+    workload["spec"]["podSets"] = [{**eval_set, "count": count}]
+    return workload
+
+
+def pod_set_count(workload: Mapping[str, Any], name: str) -> int:
+    """The declared count of PodSet ``name`` (0 when the Workload has none)."""
+    for pod_set in (workload.get("spec") or {}).get("podSets") or []:
+        if pod_set.get("name") == name:
+            return int(pod_set.get("count", 0))
+    return 0
 
 
 def owned_by(workload: Mapping[str, Any], job: RLJob) -> bool:

@@ -87,9 +87,10 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
     Rule(
         ("kueue.x-k8s.io",),
         ("workloads",),
-        ("get", "list", "watch", "create", "patch"),
-        "kueueIntegration RLJob: each job's Kueue Workload (server-side apply), watched for admission "
-        "and eviction; granted even where Kueue is not installed, which grants nothing",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "kueueIntegration RLJob: each job's Kueue Workload and eval slice (server-side apply), watched "
+        "for admission and eviction; a resized or unneeded eval slice is deleted; granted even where "
+        "Kueue is not installed, which grants nothing",
     ),
     Rule(
         ("kueue.x-k8s.io",),

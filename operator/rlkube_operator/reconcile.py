@@ -506,6 +506,7 @@ class Reconciler:
         terminal = phase.is_terminal()
         try:
             if terminal:
+                self.kueue.drop_eval_slice(job)
                 done = self.kueue.settle(
                     job, pods_left=-1, outcome=(phase is Phase.COMPLETE, phase.value), now=now
                 )
@@ -523,6 +524,8 @@ class Reconciler:
                     outcome.events.append(
                         Event("Normal", EventReason.APPLIED, f"{what}: {queue_message(admission)}")
                     )
+                elif admission.runs and children.eval.exists:
+                    self._follow_eval_slice(job, admission, children, outcome, now=now)
                 pods = 0
                 if admission.state is QueueState.PREEMPTED and admission.has_reservation:
                     pods = len(
@@ -535,6 +538,33 @@ class Reconciler:
             ) from exc
         if done:
             outcome.events.append(Event("Normal", EventReason.KUEUE_WORKLOAD, done))
+
+    def _follow_eval_slice(
+        self, job: RLJob, admission: Admission, children: Children, outcome: Outcome, *, now: datetime
+    ) -> None:
+        """An admitted job's eval side follows its eval slice: grown when Kueue admits the slice,
+        shrunk when it evicts it (the quota released once the extra eval pods are gone)."""
+        assert self.kueue is not None
+        wanted = within_admission([render_eval_statefulset(job, self.settings.render)], admission)[0]
+        replicas = int(wanted["spec"]["replicas"])
+        if children.eval.desired != replicas:
+            self._apply(self._placed(render_eval_statefulset(job, self.settings.render), admission))
+            outcome.events.append(
+                Event(
+                    "Normal",
+                    EventReason.SCALED,
+                    f"eval replicas set to {replicas} of {job.spec.evaluator.replicas}: "
+                    "as many as Kueue admitted",
+                )
+            )
+        extension = admission.eval_slice
+        if extension is not None and extension.state is QueueState.PREEMPTED:
+            base = replicas  # the slice no longer counts: what the job's own Workload admitted
+            selector = f"{c.LABEL_JOB}={job.name},{c.LABEL_ROLE}={Role.EVAL.value}"
+            pods = len(self.kube.list("v1", "Pod", job.namespace, label_selector=selector))
+            done = self.kueue.release_eval_slice(job, eval_pods=pods, base_eval=base, now=now)
+            if done:
+                outcome.events.append(Event("Normal", EventReason.KUEUE_WORKLOAD, done))
 
     def _delete_expired(self, job: RLJob, ttl: int | None, outcome: Outcome) -> None:
         """Delete a finished job whose ``ttlSecondsAfterFinished`` ran out (recorded in ``outcome``)."""

@@ -293,3 +293,60 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     assert int(resumed[-1].rsplit("epoch ", 1)[1].rstrip(")")) >= max(1, preempted_at - 1), resumed
     events = kube.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=low").stdout
     assert "Preempted" in events
+
+
+def test_kubectl_scale_beyond_quota_leaves_the_extra_eval_pods_waiting_without_touching_training(
+    kueue_cluster: KueueCluster,
+) -> None:
+    kube = kueue_cluster
+    ns = kube.namespace()
+    kube.apply(*queues(ns, cpu="3"))  # the job (2 CPUs) and one more eval pod fit
+    kube.apply(rljob("elastic", ns, max_epochs=400))
+    wait_for(
+        lambda: phase(kube, "elastic", ns) == "Running",
+        timeout=300,
+        interval=1,
+        what=f"the job to run; {kube.logs()}",
+    )
+    train = kube.get("pod", "elastic-train-0", ns)
+    assert train is not None
+
+    kube.kubectl("scale", "rlj/elastic", "-n", ns, "--replicas=4")  # 3 more: only 1 CPU is free
+    wait_for(
+        lambda: (
+            condition(kube.get("workloads.kueue.x-k8s.io", "rljob-elastic-eval", ns), "QuotaReserved").get(
+                "reason"
+            )
+            == "Pending"
+        ),
+        timeout=120,
+        interval=0.5,
+        what=f"the eval slice of 3 to wait for quota; {kube.logs()}",
+    )
+    sts = kube.get("statefulset", "elastic-eval", ns)
+    assert sts is not None
+    assert sts["spec"]["replicas"] == 1  # the extra eval pods wait: none is created
+    assert phase(kube, "elastic", ns) == "Running"
+
+    kube.kubectl("scale", "rlj/elastic", "-n", ns, "--replicas=2")  # 1 more: fits
+    wait_for(
+        lambda: (
+            len(
+                [p for p in job_pods(kube, "elastic", ns) if p["metadata"]["name"].startswith("elastic-eval")]
+            )
+            == 2
+        ),
+        timeout=180,
+        interval=0.5,
+        what=f"the admitted eval slice to add its pod; {kube.logs()}",
+    )
+    same = kube.get("pod", "elastic-train-0", ns)
+    assert same is not None
+    assert same["metadata"]["uid"] == train["metadata"]["uid"]  # training was never restarted
+    assert sum(s.get("restartCount", 0) for s in same["status"].get("containerStatuses") or []) == 0
+    kube.kubectl("delete", "rlj", "elastic", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_for(
+        lambda: kube.get("workloads.kueue.x-k8s.io", "rljob-elastic-eval", ns) is None,
+        timeout=120,
+        what="garbage collection to remove the eval slice",
+    )
