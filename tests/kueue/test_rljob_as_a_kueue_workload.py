@@ -125,15 +125,18 @@ def test_two_rljobs_on_a_cluster_queue_with_room_for_one_run_one_after_the_other
     assert {p["spec"].get("nodeName") for p in pods} == {"node-1"}
     kube.apply(rljob("second", ns))
     wait_for(
-        lambda: condition(kube.get("rlj", "second", ns), "Suspended").get("reason") == "Queued",
+        lambda: (
+            "insufficient unused quota" in condition(kube.get("rlj", "second", ns), "Suspended")["message"]
+        ),
         timeout=120,
         interval=0.5,
-        what=f"the second job to be Queued; {kube.logs()}",
+        what=f"the second job to be Queued for want of quota (Kueue's words); {kube.logs()}",
     )
     second = kube.get("rlj", "second", ns)
     assert second is not None
     assert second["status"]["phase"] == "Suspended", second["status"]
-    assert second["status"]["message"].startswith("queued by Kueue ("), second["status"]
+    assert condition(second, "Suspended")["reason"] == "Queued"
+    assert second["status"]["message"].startswith("queued by Kueue (Pending): couldn't assign flavors")
     workload = kube.get("workloads.kueue.x-k8s.io", "rljob-second", ns)
     assert workload is not None
     assert [(p["name"], p["count"]) for p in workload["spec"]["podSets"]] == [("train", 1), ("eval", 1)]
@@ -160,6 +163,9 @@ def test_two_rljobs_on_a_cluster_queue_with_room_for_one_run_one_after_the_other
     assert second is not None
     assert second["status"]["phase"] == "Complete", second["status"]
     assert condition(second, "Suspended")["reason"] == "Admitted"
+    # Kueue admitted the second only once the operator had marked the first's Workload Finished.
+    admitted = condition(kube.get("workloads.kueue.x-k8s.io", "rljob-second", ns), "Admitted")
+    assert admitted["lastTransitionTime"] >= finished["lastTransitionTime"]
     events = kube.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=second").stdout
     assert "Queued" in events
     assert "Admitted" in events
