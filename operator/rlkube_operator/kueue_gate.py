@@ -64,21 +64,19 @@ class KueueGate:
         if current is not None and not owned_by(current, job):
             # An earlier job of the same name: garbage collection removes it; wait for that.
             return read_admission(None)
-        wanted = render_workload(job, self.settings, priority=self._priority(job))
         if current is None:
-            current = self.kube.apply(wanted)
+            current = self.kube.apply(render_workload(job, self.settings, priority=self._priority(job)))
         else:
-            admission = read_admission(current)
             spec = current.get("spec") or {}
-            patch: dict[str, Any] = {}
-            if spec.get("active", True) != wanted["spec"]["active"]:
-                patch["active"] = wanted["spec"]["active"]
-            if not admission.has_reservation and _counts(spec) != _counts(wanted["spec"]):
-                patch["podSets"] = wanted["spec"]["podSets"]  # immutable only while quota is held
-            if patch:
+            counts = [(POD_SETS[Role.TRAIN], job.spec.trainer.replicas)]
+            counts.append((POD_SETS[Role.EVAL], job.spec.evaluator.replicas))
+            # PodSets are immutable only while quota is held (a scale then makes an eval slice).
+            resize = not read_admission(current).has_reservation and _counts(spec) != counts
+            if resize or spec.get("active", True) is job.spec.run_policy.suspend:
+                wanted = render_workload(job, self.settings, priority=self._priority(job))
                 # Server-side apply drops what it owned and leaves out: send every field, the
-                # PodSets as stored while quota is held.
-                pod_sets = patch.get("podSets", spec.get("podSets"))
+                # PodSets as stored unless resized.
+                pod_sets = wanted["spec"]["podSets"] if resize else spec.get("podSets")
                 current = self.kube.apply({**wanted, "spec": {**wanted["spec"], "podSets": pod_sets}})
         base = read_admission(current)
         if not base.runs:
