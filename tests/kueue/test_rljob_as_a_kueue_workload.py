@@ -4,6 +4,7 @@ real Kueue: queued until admitted, placed on the admitted flavour's nodes, gone 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -111,7 +112,7 @@ def test_two_rljobs_on_a_cluster_queue_with_room_for_one_run_one_after_the_other
     kube = kueue_cluster
     ns = kube.namespace()
     kube.apply(*queues(ns, cpu="3"))  # one job (2 CPUs) fits, two do not
-    kube.apply(rljob("first", ns, max_epochs=30))  # long enough to be running while the second waits
+    kube.apply(rljob("first", ns, max_epochs=120))  # ~4 epochs/s here: running while the second waits
     wait_for(
         lambda: phase(kube, "first", ns) == "Running",
         timeout=300,
@@ -236,6 +237,11 @@ def checkpoint_claim(namespace: str) -> list[dict[str, Any]]:
     ]
 
 
+#: Epochs of the job that is preempted: ~4 epochs/s on 2 cores, so it is still training when the
+#: higher-priority job arrives and Kueue preempts it.
+LOW_EPOCHS = 150
+
+
 def epoch(kube: KueueCluster, name: str, namespace: str) -> int:
     status = (kube.get("rlj", name, namespace) or {}).get("status") or {}
     return int((status.get("progress") or {}).get("epoch") or 0)
@@ -251,7 +257,7 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     low = rljob(
         "low",
         ns,
-        max_epochs=40,
+        max_epochs=LOW_EPOCHS,
         trainer={"priorityClassName": "rlkube-test-low"},
         checkpoint={"claimName": "runs"},
     )
@@ -286,7 +292,7 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     finished = kube.get("rlj", "low", ns)
     assert finished is not None
     assert finished["status"]["phase"] == "Complete", finished["status"]
-    assert finished["status"]["progress"]["epoch"] == 40
+    assert finished["status"]["progress"]["epoch"] == LOW_EPOCHS
     # The second incarnation of train rank 0 resumed from the checkpoint the first one saved on SIGTERM.
     logs = sorted(kube.cluster.workdir.glob(f"nodes/*/logs/{ns}_low-train-0_*/*.log"))
     resumed = [
@@ -299,6 +305,18 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     assert int(resumed[-1].rsplit("epoch ", 1)[1].rstrip(")")) >= max(1, preempted_at - 1), resumed
     events = kube.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=low").stdout
     assert "Preempted" in events
+    # Nothing acknowledged was lost and nothing trained twice, over both incarnations (the run's summary,
+    # in the claim the node agent keeps on node-1).
+    summaries = sorted(kube.cluster.workdir.glob(f"nodes/node-1/claims/{ns}/runs/**/summary.json"))
+    assert summaries, "no summary.json in the checkpoint claim"
+    summary = json.loads(summaries[-1].read_text())
+    per_epoch = 128 // (2 * 16)  # stepsPerEpoch / (numEnvs * fragmentLength)
+    assert len(summary["incarnations"]) == 2, summary["incarnations"]
+    assert (
+        summary["fragments_acknowledged_total"]
+        == summary["fragments_trained_total"]
+        == LOW_EPOCHS * per_epoch
+    )
 
 
 def test_kubectl_scale_beyond_quota_leaves_the_extra_eval_pods_waiting_without_touching_training(
