@@ -31,6 +31,7 @@ _NAMES = itertools.count()
 _UNAVAILABLE: list[str] = []
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k deselected what will not run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build Kueue (once per machine) before any test that needs the cluster runs, or skip those."""
     ours = [

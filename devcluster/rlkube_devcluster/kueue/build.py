@@ -28,11 +28,23 @@ from rlkube_devcluster.controlplane.build import BuildError, cache_root, find_go
 KUEUE_VERSION = "v0.17.0"
 MODULE = "sigs.k8s.io/kueue"
 BINARY = "kueue"
+#: The oldest Go the release builds with (its go.mod's ``go`` line).
+GO_MIN = "1.25"
 
 
 def binaries_dir(version: str = KUEUE_VERSION) -> Path:
     """Where this version's manager is (or will be) cached."""
     return cache_root().parent / "kueue" / version
+
+
+def _go() -> str:
+    try:
+        return find_go()
+    except BuildError:
+        raise BuildError(
+            f"building Kueue {KUEUE_VERSION} needs the Go toolchain (go {GO_MIN} or newer, "
+            "https://go.dev/dl/): no `go` on PATH nor at /usr/local/go/bin/go; set GO=/path/to/go"
+        ) from None
 
 
 def _go_env(go: str, name: str) -> str:
@@ -41,7 +53,7 @@ def _go_env(go: str, name: str) -> str:
 
 def module_dir(version: str = KUEUE_VERSION) -> Path:
     """The module's source in Go's module cache (present once it was built or downloaded)."""
-    go = find_go()
+    go = _go()
     found = Path(_go_env(go, "GOMODCACHE")) / f"{MODULE}@{version}"
     if not (found / "config" / "components" / "crd" / "bases").is_dir():
         subprocess.run(
@@ -80,7 +92,7 @@ def _complete(target: Path) -> bool:
 
 
 def _build(version: str, target: Path, *, log: TextIO) -> None:
-    go = find_go()
+    go = _go()
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     command = [go, "install", f"{MODULE}/cmd/kueue@{version}"]
     print(
