@@ -342,7 +342,7 @@ def released_status(workload: Mapping[str, Any], *, stamp: str) -> dict[str, Any
 def queue_message(admission: Admission) -> str:
     """What the job's status says about Kueue (its condition message and phase message)."""
     if admission.state is QueueState.ADMITTED:
-        where = f" by ClusterQueue {admission.cluster_queue}" if admission.cluster_queue else ""
+        where = f" (ClusterQueue {admission.cluster_queue})" if admission.cluster_queue else ""
         return f"admitted by Kueue{where}"
     if admission.state is QueueState.PREEMPTED:
         return f"evicted by Kueue ({admission.reason}): {admission.message}; checkpointed and requeued"
