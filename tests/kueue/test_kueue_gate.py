@@ -140,3 +140,21 @@ def test_a_finished_job_marks_its_workload_finished() -> None:
     kube.admit("rljob-cartpole")
     g.settle(job(), pods_left=-1, outcome=(True, "Complete"), now=NOW)
     assert g.admission(job()).state is QueueState.FINISHED
+
+
+def test_an_evicted_eval_slice_shrinks_the_eval_side_and_is_released_once_its_pods_are_gone() -> None:
+    g, kube = gate()
+    g.admission(job())
+    kube.admit("rljob-cartpole")
+    g.admission(job(evals=3))
+    kube.admit("rljob-cartpole-eval")
+    assert g.admission(job(evals=3)).counts["eval"] == 3
+    kube.evict("rljob-cartpole-eval")
+    shrunk = g.admission(job(evals=3))
+    assert shrunk.runs  # the job keeps training
+    assert shrunk.counts["eval"] == 1
+    assert shrunk.eval_slice is not None
+    assert shrunk.eval_slice.state is QueueState.PREEMPTED
+    assert g.release_eval_slice(job(evals=3), eval_pods=3, base_eval=1, now=NOW) is None
+    assert g.release_eval_slice(job(evals=3), eval_pods=1, base_eval=1, now=NOW) is not None
+    assert kube.objects[("Workload", "team", "rljob-cartpole-eval")]["status"]["admission"] is None
