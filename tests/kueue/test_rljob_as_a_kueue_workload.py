@@ -307,8 +307,11 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     assert "Preempted" in events
     # Nothing acknowledged was lost and nothing trained twice, over both incarnations (the run's summary,
     # in the claim the node agent keeps on node-1).
-    summaries = sorted(kube.cluster.workdir.glob(f"nodes/node-1/claims/{ns}/runs/**/summary.json"))
-    assert summaries, "no summary.json in the checkpoint claim"
+    summaries = wait_for(
+        lambda: sorted(kube.cluster.workdir.glob(f"nodes/node-1/claims/{ns}/runs/**/summary.json")),
+        timeout=120,
+        what="train rank 0 to write the run's summary into the checkpoint claim",
+    )
     summary = json.loads(summaries[-1].read_text())
     per_epoch = 128 // (2 * 16)  # stepsPerEpoch / (numEnvs * fragmentLength)
     assert len(summary["incarnations"]) == 2, summary["incarnations"]
