@@ -40,6 +40,7 @@ from rlkube_devcluster.coordinators import FakeCoordinators
 from rlkube_devcluster.emulator.cluster import EmulatedCluster
 from rlkube_devcluster.emulator.controllers import Kubelet, ReadyKubelet
 from rlkube_devcluster.kubelet.process_kubelet import ProcessKubelet
+from rlkube_devcluster.kueue.build import KUEUE_VERSION
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.real_cluster import RealCluster
 
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="divide the kubelet's CrashLoopBackOff (10 s doubling to 5 min) by this (e.g. 10)",
     )
+    parser.add_argument(
+        "--kueue", action="store_true", help="kubernetes: run Kueue beside the control plane (make kueue)"
+    )
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "cluster", help="kubeconfig and logs")
     args = parser.parse_args(argv)
     if args.kubelet is None:
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.simulate_training and args.kubelet == "process":
         parser.error("--simulate-training fakes the coordinators: it needs --kubelet ready")
 
+    if args.api == "emulator" and args.kueue:
+        parser.error("--kueue runs Kueue beside the real control plane: it needs --api kubernetes")
     if args.api == "kubernetes" and (args.kubelet == "ready" or args.simulate_training or args.port):
         parser.error("--kubelet ready, --simulate-training and --port are options of --api emulator")
 
@@ -197,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
 def run_kubernetes(args: argparse.Namespace) -> int:
     """The real control plane, node agents and the operator, until Ctrl-C."""
     cluster = RealCluster(
-        args.workdir, nodes=args.nodes, backoff=RestartBackOff.kubelet(speedup=args.backoff_speedup)
+        args.workdir,
+        nodes=args.nodes,
+        backoff=RestartBackOff.kubelet(speedup=args.backoff_speedup),
+        kueue=args.kueue,
     )
     operator = OperatorProcess(
         cluster.kubeconfig,
@@ -214,7 +223,9 @@ def run_kubernetes(args: argparse.Namespace) -> int:
         print(
             f"Kubernetes {kubernetes_version()} at {cluster.plane.url} "
             f"(logs: {cluster.plane.workdir / 'logs'}); operator log {operator.log_path}\n"
-            f"pods run as processes on {args.nodes} node agents; their logs: {logs}/<node>/logs\n\n"
+            f"pods run as processes on {args.nodes} node agents; their logs: {logs}/<node>/logs\n"
+            + (f"Kueue {KUEUE_VERSION} beside it (log: {cluster.kueue.log})\n" if cluster.kueue else "")
+            + "\n"
             f"    export KUBECONFIG={cluster.kubeconfig}\n\n"
             "    kubectl version\n"
             "    kubectl apply -f examples/rljob.yaml\n"

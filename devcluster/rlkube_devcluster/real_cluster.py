@@ -22,6 +22,7 @@ from rlkube_devcluster.controlplane.cluster import ControlPlane
 from rlkube_devcluster.kubelet.api_client import ApiError, KubeApi
 from rlkube_devcluster.kubelet.network_thread import NetworkThread
 from rlkube_devcluster.kubelet.node_agent import NodeAgent, NodeCapacity
+from rlkube_devcluster.kueue.manager import KueueManager
 from rlkube_devcluster.waiting import wait_for
 
 CRD = REPO / "crds" / "rljob.yaml"
@@ -36,6 +37,7 @@ class RealCluster:
         capacity: NodeCapacity = NodeCapacity(cpu="16", memory="64Gi"),
         backoff: RestartBackOff = RestartBackOff(),
         socket_dir: Path | None = None,
+        kueue: bool = False,
     ) -> None:
         self.workdir = workdir
         self.node_count = max(1, nodes)
@@ -45,6 +47,8 @@ class RealCluster:
         self._own_sockets = socket_dir is None
         self.socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="rlk"))
         self.plane = ControlPlane(workdir / "controlplane")
+        #: Kueue's manager beside the control plane (``kueue=True``; :mod:`.kueue.manager`).
+        self.kueue = KueueManager(self.plane, workdir / "kueue") if kueue else None
         self.networks: NetworkThread | None = None
         self.agents: list[NodeAgent] = []
 
@@ -57,6 +61,8 @@ class RealCluster:
         try:
             self.plane.start()
             self._install_crd()
+            if self.kueue is not None:
+                self.kueue.start()
             self.networks = NetworkThread(self.socket_dir)
             for index in range(self.node_count):
                 name = f"node-{index}"
@@ -86,6 +92,8 @@ class RealCluster:
         if self.networks is not None:
             self.networks.close()
             self.networks = None
+        if self.kueue is not None:
+            self.kueue.stop()
         self.plane.stop()
         if self._own_sockets:
             shutil.rmtree(self.socket_dir, ignore_errors=True)

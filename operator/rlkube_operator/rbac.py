@@ -84,6 +84,20 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
     Rule(
         ("",), ("events",), ("create",), "events for every transition and error (kopf posts core/v1 events)"
     ),
+    Rule(
+        ("kueue.x-k8s.io",),
+        ("workloads",),
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "kueueIntegration RLJob: each job's Kueue Workload and eval slice (server-side apply), watched "
+        "for admission and eviction; a resized or unneeded eval slice is deleted; granted even where "
+        "Kueue is not installed, which grants nothing",
+    ),
+    Rule(
+        ("kueue.x-k8s.io",),
+        ("workloads/status",),
+        ("patch",),
+        "kueueIntegration RLJob: mark a Workload Finished, release its quota after an eviction",
+    ),
 )
 
 #: Rules that are always cluster-scoped (kopf discovers resources and namespaces).
@@ -105,6 +119,18 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         ("clusterkopfpeerings",),
         ("list", "watch", "patch"),
         "leader election among operator replicas: kopf reads the peers and patches its keep-alive",
+    ),
+    Rule(
+        ("kueue.x-k8s.io",),
+        ("resourceflavors",),
+        ("get",),
+        "kueueIntegration RLJob: the admitted flavours' node labels and tolerations for the pods",
+    ),
+    Rule(
+        ("scheduling.k8s.io",),
+        ("priorityclasses",),
+        ("get",),
+        "kueueIntegration RLJob: the value of trainer.priorityClassName for the Workload's priority",
     ),
 )
 

@@ -112,6 +112,10 @@ class Reason(StrEnum):
     CRASHED = FailureReason.CRASHED.value
     #: A pod failed with a reason this operator does not know (or none: the log's tail).
     POD_FAILED = "PodFailed"
+    # Kueue's decision, on Suspended (kueueIntegration RLJob: rlkube_operator.kueue_workload).
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    PREEMPTED = "Preempted"
 
 
 #: Failed for one of these, a job starts again when its spec changes (a new generation).

@@ -284,6 +284,14 @@ NOT_EXERCISED = {
     ("kopf.dev", "clusterkopfpeerings", "list"),
     ("kopf.dev", "clusterkopfpeerings", "watch"),
     ("kopf.dev", "clusterkopfpeerings", "patch"),
+    # kueueIntegration RLJob: exercised against the real Kueue in tests/kueue (the emulator has none).
+    *(
+        ("kueue.x-k8s.io", "workloads", verb)
+        for verb in ("get", "list", "watch", "create", "patch", "delete")
+    ),
+    ("kueue.x-k8s.io", "workloads/status", "patch"),
+    ("kueue.x-k8s.io", "resourceflavors", "get"),
+    ("scheduling.k8s.io", "priorityclasses", "get"),
 }
 
 

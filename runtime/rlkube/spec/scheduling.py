@@ -29,10 +29,13 @@ class GangScheduler(StrEnum):
 
 
 class KueueIntegration(StrEnum):
-    """Which Kueue integration admits the train StatefulSet as one workload."""
+    """Which Kueue integration admits the job (see docs/operations.md, "Kueue")."""
 
     STATEFULSET = "StatefulSet"  # queue-name on the StatefulSet (Kueue's statefulset integration)
     POD = "Pod"  # queue-name and pod-group labels on the pods (Kueue's plain pod-group integration)
+    # The operator is Kueue's integration for RLJobs (an external framework): one Workload per job
+    # whose PodSets are the train ranks and the eval workers; the job runs only while admitted.
+    RLJOB = "RLJob"
 
 
 DnsSubdomain = Annotated[
@@ -98,7 +101,10 @@ class SchedulingSpec(_Model):
         KueueIntegration.STATEFULSET,
         description="kueue: StatefulSet labels the train StatefulSet (Kueue's statefulset integration, "
         "on by default since Kueue 0.15); Pod labels the train pods as one pod group (Kueue's pod "
-        "integration).",
+        "integration); RLJob makes the whole job one Kueue Workload (train ranks and eval workers as "
+        "its PodSets; Kueue's config lists RLJob.v1alpha1.rlkube.io in externalFrameworks): the job "
+        "stays suspended until admitted, and an eviction checkpoints and suspends it until admitted "
+        "again.",
     )
     schedule_timeout_seconds: PositiveInt | None = Field(
         None,
