@@ -31,6 +31,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -332,8 +334,24 @@ def ceiling(*, shape: str = "cartpole", producers: int = 2, seconds: float = 5.0
     """The intake ceiling for ``rlkube bench rollout``'s ceiling column: one short run."""
     args = parser().parse_args(["--shape", shape, "--seconds", str(seconds)])
     args.train_us_per_step = 0.0
-    with tempfile.TemporaryDirectory(prefix="rlkube-bench-intake-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rlkube-bench-intake-") as tmp, job_credential(Path(tmp)):
         return measure(args, producers, Path(tmp))
+
+
+@contextmanager
+def job_credential(root: Path) -> Iterator[None]:
+    """A per-job token for rank 0 and the producers (the credential every real job's calls carry)."""
+    from rlkube.security.credential import TOKEN_FILE_ENV, new_token, write_token_file
+
+    before = os.environ.get(TOKEN_FILE_ENV)
+    os.environ[TOKEN_FILE_ENV] = str(write_token_file(root / "token", new_token()))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TOKEN_FILE_ENV, None)
+        else:
+            os.environ[TOKEN_FILE_ENV] = before
 
 
 def parser() -> argparse.ArgumentParser:
@@ -370,12 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_rank0(args)
     if args.role == "producer":
         return run_producer(args)
-    from rlkube.security.credential import TOKEN_FILE_ENV, new_token, write_token_file
-
     rows = []
-    with tempfile.TemporaryDirectory(prefix="rlkube-bench-intake-", dir=os.environ.get("TMPDIR")) as tmp:
+    with tempfile.TemporaryDirectory(prefix="rlkube-bench-intake-") as tmp, job_credential(Path(tmp)):
         root = Path(tmp)
-        os.environ[TOKEN_FILE_ENV] = str(write_token_file(root / "token", new_token()))
         train_values = list(args.train_us_per_step)
         for train in train_values:
             for producers in args.producers:
