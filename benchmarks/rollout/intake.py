@@ -225,7 +225,7 @@ def run_producer(args: argparse.Namespace) -> int:
             pb.RegisterRequest(role="eval", pod_name=f"producer-{args.index}", num_envs=shape.num_envs),
             retry_for=30.0,
         )
-        stream = TaskStream(client, stop=stop)
+        stream = TaskStream(client, stop=stop, retry_for=5.0)  # rank 0 stops serving at the end
         stream.bind(reply.worker_id)
         try:
             while not stop.is_set():
@@ -298,6 +298,8 @@ def measure(args: argparse.Namespace, producers: int, root: Path) -> dict[str, A
         rank0.wait(timeout=args.warmup + args.seconds + 180)
         for worker in workers:
             worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        print("intake: a process did not finish in time; stopped", file=sys.stderr)
     finally:
         for process in (rank0, *workers):
             if process.poll() is None:
