@@ -32,7 +32,7 @@ CLUSTER_ARGS ?=
 # The dev cluster's source root (package rlkube_devcluster): in the repository, not in the wheel.
 DEVCLUSTER := devcluster
 
-.PHONY: demo test test-quick controlplane kueue test-all lint generate cluster bench gpu-check clean
+.PHONY: demo test test-quick controlplane kueue test-all lint generate cluster bench bench-scaling gpu-check clean
 
 $(VENV)/.base: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rlkube needs Python 3.11 or newer")'
@@ -97,6 +97,15 @@ bench: $(VENV)/.base
 	$(PIP) install --quiet -e ".[bench]"
 	$(VENV)/bin/rlkube bench weights --json runs/bench-weights.json
 	$(VENV)/bin/rlkube bench rollout --json runs/bench-rollout.json
+
+# Collection scaling on a many-core machine (issue #24): the intake ceiling (plumbing only, CartPole-
+# and Atari-sized fragments, training off and on) and the rollout rows with their ceiling column.
+SCALING_WORKERS ?= 1 4 8 14
+bench-scaling: $(VENV)/.base
+	$(PIP) install --quiet -e ".[bench]"
+	$(VENV)/bin/rlkube bench intake --producers $(SCALING_WORKERS) --train-us-per-step 0 26 --json runs/bench-intake-cartpole.json
+	$(VENV)/bin/rlkube bench intake --shape atari --producers 1 4 --seconds 20 --json runs/bench-intake-atari.json
+	$(VENV)/bin/rlkube bench rollout --workers $(SCALING_WORKERS) --requests batched --no-ray --json runs/bench-rollout-scaling.json
 
 # The GPU acceptance check: rlkube run on the GPU, checkpoint/resume, CUDA weight plane (~5 min).
 gpu-check: $(VENV)/.base

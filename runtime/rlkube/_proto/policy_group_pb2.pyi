@@ -291,7 +291,7 @@ class EpisodeStats(_message.Message):
     def __init__(self, returns: _Optional[_Iterable[float]] = ..., lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("task_id", "worker_id", "weight_version", "epoch", "batch", "episodes", "env_steps", "rollout_seconds", "weight_wait_seconds")
+    __slots__ = ("task_id", "worker_id", "weight_version", "epoch", "batch", "episodes", "env_steps", "rollout_seconds", "weight_wait_seconds", "lease_next")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +301,7 @@ class Fragment(_message.Message):
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_NEXT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     worker_id: str
     weight_version: int
@@ -310,19 +311,22 @@ class Fragment(_message.Message):
     env_steps: int
     rollout_seconds: float
     weight_wait_seconds: float
-    def __init__(self, task_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch: _Optional[_Union[TensorBatch, _Mapping]] = ..., episodes: _Optional[_Union[EpisodeStats, _Mapping]] = ..., env_steps: _Optional[int] = ..., rollout_seconds: _Optional[float] = ..., weight_wait_seconds: _Optional[float] = ...) -> None: ...
+    lease_next: bool
+    def __init__(self, task_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch: _Optional[_Union[TensorBatch, _Mapping]] = ..., episodes: _Optional[_Union[EpisodeStats, _Mapping]] = ..., env_steps: _Optional[int] = ..., rollout_seconds: _Optional[float] = ..., weight_wait_seconds: _Optional[float] = ..., lease_next: _Optional[bool] = ...) -> None: ...
 
 class PushAck(_message.Message):
-    __slots__ = ("accepted", "duplicate", "reason", "fragments_acked")
+    __slots__ = ("accepted", "duplicate", "reason", "fragments_acked", "next")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     FRAGMENTS_ACKED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     duplicate: bool
     reason: str
     fragments_acked: int
-    def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., reason: _Optional[str] = ..., fragments_acked: _Optional[int] = ...) -> None: ...
+    next: Task
+    def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., reason: _Optional[str] = ..., fragments_acked: _Optional[int] = ..., next: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class PullShardRequest(_message.Message):
     __slots__ = ("epoch", "rank", "world_size", "wait_seconds")
