@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.harness import ROOT, kubectl
+from tests.operator.harness import kubectl
 
 if TYPE_CHECKING:
     from rlkube_devcluster.controlplane.cluster import ControlPlane
@@ -39,21 +38,6 @@ class Kube:
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         result = self("get", kind, name, "-o", "json", check=False)
         return json.loads(result.stdout) if result.returncode == 0 else None
-
-
-@pytest.fixture(scope="session")
-def rljob_crd(control_plane: ControlPlane) -> None:
-    """The RLJob CRD from crds/, applied and Established (served)."""
-    kubectl(control_plane.kubeconfig, "apply", "-f", str(ROOT / "crds"))
-
-    def established() -> bool:
-        crd = json.loads(
-            kubectl(control_plane.kubeconfig, "get", "crd", "rljobs.rlkube.io", "-o", "json").stdout
-        )
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for(established, what="the RLJob CRD to be Established")
 
 
 @pytest.fixture

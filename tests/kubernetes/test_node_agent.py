@@ -52,6 +52,8 @@ def pod(name: str, script: str, *, restart: str = "Never", **extra: Any) -> dict
         "spec": {
             "restartPolicy": restart,
             "tolerations": [{**TAINT, "operator": "Equal"}],
+            # Only on this node: the control plane's other nodes (tests/operator's stand-in) run nothing.
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
             "containers": [
                 {
                     "name": "main",

@@ -29,7 +29,7 @@ port, so the operator runs with ``RLKUBE_COORDINATOR_ADDRESS=unix://<socket_dir>
 and needs nothing else.
 
 :func:`cluster_addresses` is pure; :class:`JobNetworks` (each job's ports and proxy) and
-:class:`ServiceProxy` run on the emulator's event loop.
+:class:`ServiceProxy` run on an event loop (:class:`.network_thread.NetworkThread`'s).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def cluster_addresses(env: Mapping[str, str], *, job: str, namespace: str, ports
 
 
 class JobNetworks:
-    """The ports and coordinator proxy of every job that has pods on this host (on the emulator's loop)."""
+    """The ports and coordinator proxy of every job that has pods on this host (on its event loop)."""
 
     def __init__(self, socket_dir: Path) -> None:
         self.socket_dir = socket_dir
