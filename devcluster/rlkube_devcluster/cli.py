@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"Kubernetes {kubernetes_version()} at {cluster.plane.url} "
             f"(logs: {cluster.plane.workdir / 'logs'}); operator log {operator.log_path}\n"
-            f"{runs}\ncoordinator proxies (the operator's way in): {cluster.socket_dir}/<namespace>.<job>.sock\n\n"
+            f"{runs}\ncoordinator proxies (the operator's way in): "
+            f"{cluster.socket_dir}/<namespace>.<job>.sock\n\n"
             f"    export KUBECONFIG={cluster.kubeconfig}\n\n"
             "    kubectl version\n"
             "    kubectl apply -f examples/rljob.yaml\n"

@@ -25,7 +25,7 @@ kubernetes client's in-cluster config looks for them (:func:`.sandbox.in_mount_n
 are Running and Ready, nothing of theirs runs, and killing the process is a container crash.
 
 What it does not do: images, resource limits, probes, init containers (reported Completed), and a
-network per pod: every pod is 127.0.0.1. As the process kubelet does, it rewrites an RLJob pod's
+network per pod: every pod is 127.0.0.1. So it rewrites an RLJob pod's
 service names and ports to this host's (:mod:`.podnet`, with the ``networks`` every agent of the
 machine shares: :class:`.network_thread.NetworkThread`, which also opens each job's coordinator
 proxy for the operator). A container sees its projected files at the
