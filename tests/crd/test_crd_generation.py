@@ -171,8 +171,8 @@ def server_refusals(control_plane: ControlPlane, document: dict[str, Any]) -> st
 
 
 def cel_holds(rule: Any, refusals: str) -> bool:
-    """Whether the server's answer does not name ``rule`` (its message, at its field)."""
-    return rule.message not in refusals
+    """Whether the server's answer does not name ``rule`` (its message in the CRD names its field)."""
+    return f"{rule.path}: {rule.message}" not in refusals
 
 
 SAMPLES = [
