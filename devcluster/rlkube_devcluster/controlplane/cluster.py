@@ -91,6 +91,9 @@ class AuditEntry:
     subresource: str
     namespace: str
     code: int  # the HTTP status answered
+    #: Whether authorization (RBAC, the Node authorizer) allowed it: a 403 for another reason
+    #: (a namespace being deleted refuses new objects) is still "allow".
+    allowed: bool
 
 
 @dataclass
@@ -230,6 +233,7 @@ class ControlPlane:
                     subresource=ref.get("subresource", ""),
                     namespace=ref.get("namespace", ""),
                     code=int((event.get("responseStatus") or {}).get("code", 0)),
+                    allowed=(event.get("annotations") or {}).get("authorization.k8s.io/decision") != "forbid",
                 )
             )
         return entries
