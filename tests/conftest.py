@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -84,3 +85,29 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
     ).start()
     yield cluster
     cluster.stop()
+
+
+#: Namespaces being deleted, by the kubeconfig that deleted them; waited for at the end of the module.
+_DELETING: dict[Path, list[str]] = {}
+
+
+def delete_namespace(kubeconfig: Path, name: str) -> None:
+    """Delete a test's namespace without waiting; the module waits for it at its end, so the next
+    module's operator never finds (nor reconciles) this module's jobs."""
+    from tests.operator.harness import kubectl
+
+    kubectl(kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
+    _DELETING.setdefault(kubeconfig, []).append(name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def namespaces_gone_after_the_module() -> Iterator[None]:
+    yield
+    if not _DELETING:
+        return
+    from tests.operator.harness import kubectl
+
+    for kubeconfig, names in list(_DELETING.items()):
+        targets = [f"namespace/{name}" for name in names]
+        kubectl(kubeconfig, "wait", "--for=delete", *targets, "--timeout=300s", timeout=330, check=False)
+        _DELETING.pop(kubeconfig)

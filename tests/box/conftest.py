@@ -19,8 +19,9 @@ import pytest
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.real_cluster import RealCluster
 
+from tests.conftest import delete_namespace
 from tests.operator.conftest import Kubectl, new_namespace
-from tests.operator.harness import Seen, Watch, kubectl
+from tests.operator.harness import Seen, Watch
 
 __all__ = ["Box", "Seen"]
 
@@ -77,7 +78,7 @@ def k(box: Box) -> Iterator[Kubectl]:
     name = f"b{next(_COUNTER)}"
     new_namespace(box.cluster.plane, name)
     yield Kubectl(box.cluster.plane, name)
-    kubectl(box.cluster.kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
+    delete_namespace(box.cluster.kubeconfig, name)
 
 
 def alive(pid: int) -> bool:

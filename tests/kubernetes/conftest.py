@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
+from tests.conftest import delete_namespace
 from tests.operator.harness import kubectl
 
 if TYPE_CHECKING:
@@ -41,8 +43,9 @@ class Kube:
 
 
 @pytest.fixture
-def kube(control_plane: ControlPlane) -> Kube:
-    """kubectl in a fresh namespace of its own."""
+def kube(control_plane: ControlPlane) -> Iterator[Kube]:
+    """kubectl in a fresh namespace of its own, deleted after the test."""
     name = f"t{next(_NAMESPACES)}"
     kubectl(control_plane.kubeconfig, "create", "namespace", name)
-    return Kube(control_plane, name)
+    yield Kube(control_plane, name)
+    delete_namespace(control_plane.kubeconfig, name)

@@ -20,6 +20,7 @@ import pytest
 from rlkube.launch.processes import free_port
 from rlkube_devcluster.real_cluster import RealCluster
 
+from tests.conftest import delete_namespace
 from tests.delivery.chart import CHART, helm
 from tests.operator.conftest import new_namespace
 from tests.operator.harness import kubectl
@@ -174,11 +175,12 @@ def test_an_rljob_applied_with_kubectl_trains_to_complete_on_pods_the_node_agent
     )
     creators = {entry["manager"] for entry in train["metadata"]["managedFields"]}
     assert creators, train["metadata"]
-    run_kubectl(release, "delete", "namespace", JOBS, "--wait=false")
+    delete_namespace(release.kubeconfig, JOBS)
 
 
 def test_every_request_of_the_operator_pod_was_allowed_by_the_charts_rbac(release: RealCluster) -> None:
-    """Runs last in this module: a verb missing from the chart's ClusterRole is a request the audit log says RBAC forbade."""
+    """Runs last in this module: a verb missing from the chart's ClusterRole would be a request the
+    audit log says RBAC forbade."""
     requests = [e for e in release.plane.audit() if e.user == OPERATOR_USER]
     assert requests
     refused = sorted(

@@ -28,6 +28,7 @@ from rlkube_devcluster.kubelet.node_agent import NodeAgent, NodeCapacity
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
+from tests.conftest import delete_namespace
 from tests.operator.harness import Watch, kubectl
 
 if TYPE_CHECKING:
@@ -175,11 +176,11 @@ def new_namespace(plane: ControlPlane, name: str) -> None:
 
 @pytest.fixture
 def ns(control_plane: ControlPlane) -> Iterator[str]:
-    """A namespace of the test's own, deleted (without waiting) after it: its pods stop."""
+    """A namespace of the test's own, deleted after it (waited for at the end of the module)."""
     name = f"op{next(_COUNTER)}"
     new_namespace(control_plane, name)
     yield name
-    kubectl(control_plane.kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
+    delete_namespace(control_plane.kubeconfig, name)
 
 
 @pytest.fixture

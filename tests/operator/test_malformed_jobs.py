@@ -17,8 +17,9 @@ from rlkube_devcluster.coordinators import FakeCoordinators
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
+from tests.conftest import delete_namespace
 from tests.operator.conftest import Kubectl, new_namespace
-from tests.operator.harness import ROOT, kubectl
+from tests.operator.harness import ROOT
 from tests.operator.manifests import MALFORMED, job_document, malformed
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def loose(control_plane: ControlPlane, rljob_crd: None, operator: OperatorProces
         what="crds/rljob.yaml's schema served again",
     )
     yield k
-    kubectl(control_plane.kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+    delete_namespace(control_plane.kubeconfig, namespace)
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from rlkube_devcluster.kubelet.node_agent import NodeAgent
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
+from tests.conftest import delete_namespace
 from tests.operator.conftest import Kubectl, new_namespace, start_operator
-from tests.operator.harness import kubectl
 
 if TYPE_CHECKING:
     from rlkube_devcluster.controlplane.cluster import ControlPlane
@@ -35,7 +35,7 @@ def operator(
     )
     yield process
     process.stop()
-    kubectl(control_plane.kubeconfig, "delete", "namespace", "served", "--wait=false", check=False)
+    delete_namespace(control_plane.kubeconfig, "served")
 
 
 def test_jobs_in_a_served_namespace_get_children_and_others_do_not(
