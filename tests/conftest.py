@@ -87,27 +87,10 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
     cluster.stop()
 
 
-#: Namespaces being deleted, by the kubeconfig that deleted them; waited for at the end of the module.
-_DELETING: dict[Path, list[str]] = {}
-
-
 def delete_namespace(kubeconfig: Path, name: str) -> None:
-    """Delete a test's namespace without waiting; the module waits for it at its end, so the next
-    module's operator never finds (nor reconciles) this module's jobs."""
+    """Delete a test's namespace: its RLJobs at once (so the next module's operator never finds nor
+    reconciles them), the rest without waiting (its pods stop as the namespace controller deletes them)."""
     from tests.operator.harness import kubectl
 
+    kubectl(kubeconfig, "-n", name, "delete", "rljobs", "--all", "--timeout=120s", check=False)
     kubectl(kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
-    _DELETING.setdefault(kubeconfig, []).append(name)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def namespaces_gone_after_the_module() -> Iterator[None]:
-    yield
-    if not _DELETING:
-        return
-    from tests.operator.harness import kubectl
-
-    for kubeconfig, names in list(_DELETING.items()):
-        targets = [f"namespace/{name}" for name in names]
-        kubectl(kubeconfig, "wait", "--for=delete", *targets, "--timeout=300s", timeout=330, check=False)
-        _DELETING.pop(kubeconfig)
