@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.real_cluster import RealCluster
 
@@ -53,6 +54,39 @@ class Box:
         """The log file of each start of the pod's container, oldest first."""
         found = self.workdir.glob(f"nodes/*/logs/{namespace}_{pod}_*/*.log")
         return sorted(found, key=lambda p: int(p.stem))
+
+    def provide_claim(self, k: Kubectl, name: str) -> Path:
+        """A PersistentVolumeClaim ``name`` bound to a PersistentVolume of its own, as on a cluster
+        without a provisioner (the scheduler binds no pod whose claim is unbound); its directory."""
+        volume = f"{k.namespace}-{name}"
+        claim = self.claim(k.namespace, name)
+        documents = [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "hostPath": {"path": str(claim)},
+                    "claimRef": {"namespace": k.namespace, "name": name},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, "namespace": k.namespace},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        ]
+        k("apply", "-f", "-", input=yaml.safe_dump_all(documents))
+        return claim
 
     def record(self, k: Kubectl, kind: str) -> list[Seen]:
         """From now on, every version of the namespace's ``kind`` objects the API server sends, in order."""

@@ -79,6 +79,7 @@ def test_pods_run_with_downward_api_env_their_volumes_on_the_nodes_the_scheduler
         "data": {"settings.txt": "x=1"},
     }
     k.apply(config_map)
+    box.provide_claim(k, "results")
     k.apply(statefulset("web", container, replicas=3, volumes=volumes))
 
     pods = wait_for(lambda: running_pods(k, 3), timeout=60, what="3 running pods")
@@ -152,6 +153,7 @@ def test_scale_down_sends_sigterm_then_sigkill_after_the_grace_period(box: Box, 
     container = python_container(
         TRAP_TERM, env=[OUT_ENV, {"name": "IGNORE_TERM", "value": "1"}], mounts=[OUT_MOUNT]
     )
+    box.provide_claim(k, "results")
     k.apply(statefulset("stubborn", container, replicas=2, volumes=[OUT_VOLUME], grace=1))
     pods = wait_for(lambda: running_pods(k, 2), timeout=60, what="2 running pods")
     kept, removed = pid_of(pods["stubborn-0"]), pid_of(pods["stubborn-1"])
@@ -167,6 +169,7 @@ def test_scale_down_sends_sigterm_then_sigkill_after_the_grace_period(box: Box, 
 
 def test_a_replacement_pod_starts_only_after_its_predecessor_has_stopped(box: Box, k: Kubectl) -> None:
     container = python_container(TRAP_TERM, env=[OUT_ENV], mounts=[OUT_MOUNT])
+    box.provide_claim(k, "results")
     k.apply(statefulset("solo", container, volumes=[OUT_VOLUME]))
     first = pid_of(wait_for(lambda: running_pods(k, 1), timeout=60, what="a running pod")["solo-0"])
 
