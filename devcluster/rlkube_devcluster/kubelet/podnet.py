@@ -143,10 +143,12 @@ class ServiceProxy:
         self.port = port
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._inode: int | None = None
 
     async def start(self) -> ServiceProxy:
         self.path.unlink(missing_ok=True)
         self._server = await asyncio.start_unix_server(self._connect, path=str(self.path))
+        self._inode = self.path.stat().st_ino
         return self
 
     async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -178,7 +180,10 @@ class ServiceProxy:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
             self._server = None
-        self.path.unlink(missing_ok=True)
+        # The path may be a newer proxy's by now (the job's pods came back while this one closed).
+        with contextlib.suppress(OSError):
+            if self._inode is None or self.path.stat().st_ino == self._inode:
+                self.path.unlink()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
