@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from rlkube.launch.processes import free_port
 from rlkube_devcluster.real_cluster import RealCluster
+from rlkube_devcluster.waiting import wait_for
 
 from tests.conftest import delete_namespace
 from tests.delivery.chart import CHART, helm
@@ -143,8 +144,17 @@ def test_helm_install_runs_the_operator_as_a_pod_under_the_charts_service_accoun
     assert pod["spec"]["serviceAccountName"] == OPERATOR
     assert pod["spec"]["nodeName"] in {"node-0", "node-1"}  # bound by kube-scheduler
     assert pod["status"]["phase"] == "Running"
-    # The operator talks to the API server as its ServiceAccount (in-cluster config, projected token).
-    assert any(e.user == OPERATOR_USER for e in release.plane.audit()), operator_report(release)
+    # The operator talks to the API server as its ServiceAccount (in-cluster config, projected token):
+    # it watches RLJobs once kopf has started.
+    try:
+        wait_for(
+            lambda: any(e.user == OPERATOR_USER and e.resource == "rljobs" for e in release.plane.audit()),
+            timeout=300,
+            interval=1,
+            what=f"a request of {OPERATOR_USER} in the audit log",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{operator_report(release)}") from None
 
 
 def test_an_rljob_applied_with_kubectl_trains_to_complete_on_pods_the_node_agents_run(
