@@ -11,7 +11,7 @@
 #   make test-all     everything, the kind e2e run included (it needs Docker; `make e2e` runs it alone)
 #   make cluster  start the real Kubernetes control plane (built by `make controlplane`), node agents
 #                 that run pods as local processes and the operator; print the KUBECONFIG to export
-#                 (CLUSTER_ARGS="--api emulator [--kubelet ready --simulate-training]": the API emulator)
+#                 (CLUSTER_ARGS="--simulate-training": nothing runs in the pods, training is faked)
 #   make lint     ruff, mypy, import layers, yamllint, shellcheck, hadolint
 #   make gpu-check on a machine with an NVIDIA GPU: NCCL selection, CUDA weight copies, a DDP step
 #   make generate regenerate crds/, the chart's CRD copy, docs/rljob-reference.md and runtime/rlkube/_proto

@@ -1,10 +1,11 @@
 """Every permission the operator uses, in one place.
 
 Pure data. ``scripts/generate.py`` writes the Helm chart's rules
-(charts/rlkube/templates/_rbac_rules.tpl) from these tuples, and the operator's requests in the
-emulator tests are audited against them, so a verb the operator starts using is a test failure
-until it is listed here, and nothing more is granted. A rule with ``only_with`` is needed only
-when that operator setting is on (the chart grants it only then).
+(charts/rlkube/templates/_rbac_rules.tpl) from these tuples. The tests run the operator against a
+real API server under a ClusterRole of exactly these rules and read its audit log, so a verb the
+operator starts using is a test failure until it is listed here, and nothing more is granted. A
+rule with ``only_with`` is needed only when that operator setting is on (the chart grants it only
+then).
 """
 
 from __future__ import annotations

@@ -321,8 +321,20 @@ def test_the_status_validates_against_the_crd_schema() -> None:
         jsonschema.Draft4Validator(schema).validate(status)
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) applied as the API server applies one."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
 def test_status_patch_turns_the_old_status_into_the_new_one() -> None:
-    from rlkube_devcluster.emulator.patches import merge_patch
     from rlkube_operator.status import status_patch
 
     old = step(None, READY, RUNNING, at=T0).status
