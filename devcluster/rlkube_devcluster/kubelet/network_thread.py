@@ -23,10 +23,13 @@ class NetworkThread:
         self.thread = threading.Thread(target=self.loop.run_forever, name="job-networks", daemon=True)
         self.thread.start()
 
-    def ports(self, namespace: str, job: str) -> JobPorts:
-        """The job's ports (the first call picks them and opens its coordinator proxy)."""
+    def ports(self, namespace: str, job: str, *, agent: str) -> JobPorts:
+        """The job's ports (the first call picks them and opens its coordinator proxy); ``agent``
+        has a pod of the job from now on, before its next :meth:`busy` says so."""
 
         async def ports() -> JobPorts:
+            with self._lock:  # on the loop, so no release decided before this can drop the job
+                self._busy.setdefault(agent, set()).add((namespace, job))
             return self.networks.ports(namespace, job)
 
         return asyncio.run_coroutine_threadsafe(ports(), self.loop).result()
@@ -42,11 +45,13 @@ class NetworkThread:
     def busy(self, agent: str, jobs: set[tuple[str, str]]) -> None:
         """``agent`` has pods of ``jobs`` (namespace, job) now; jobs no agent has are released
         (their ports forgotten, their coordinator proxy closed)."""
-        with self._lock:
-            self._busy[agent] = set(jobs)
-            union = set().union(*self._busy.values())
 
         async def release() -> None:
+            # Decided on the loop, where ports are handed out: another agent's pods started since
+            # its last report are in _busy already (see ports()).
+            with self._lock:
+                self._busy[agent] = set(jobs)
+                union = set().union(*self._busy.values())
             self.networks.release_all_but(union)
 
         asyncio.run_coroutine_threadsafe(release(), self.loop).result()

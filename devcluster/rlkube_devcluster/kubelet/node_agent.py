@@ -433,7 +433,7 @@ class NodeAgent:
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": "127.0.0.1", "hostIP": "127.0.0.1"}}
         env = run.sandbox.rewrite_paths(run.container, pod_environment(pod, run.container))
         if run.job and self.networks is not None:
-            ports = self.networks.ports(run.namespace, run.job)
+            ports = self.networks.ports(run.namespace, run.job, agent=self.name)
             env = cluster_addresses(env, job=run.job, namespace=run.namespace, ports=ports)
         for directory in run.sandbox.contract_dirs(env):
             directory.mkdir(parents=True, exist_ok=True)

@@ -41,33 +41,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkube import contract
-from rlkube.launch.processes import free_port
+from rlkube.launch.processes import free_port, free_ports
 
 LOOPBACK = "127.0.0.1"
 
 
 @dataclass
 class JobPorts:
-    """The ports of one job's pods on this host."""
+    """The ports of one job's pods on this host.
+
+    ``held`` is every port handed out on this host and not yet released (shared by all jobs): a
+    port picked but not yet listened on is free again for the OS, and two gRPC servers on one port
+    both bind it (SO_REUSEPORT), so no pick may return one of them.
+    """
 
     coordinator: int
     master: int
+    held: set[int] = field(default_factory=set, repr=False)
     weights: dict[int, int] = field(default_factory=dict)
     metrics: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @classmethod
-    def allocate(cls) -> JobPorts:
-        return cls(coordinator=free_port(), master=free_port())
+    def allocate(cls, held: set[int]) -> JobPorts:
+        coordinator, master = free_ports(2, exclude=held)
+        held.update((coordinator, master))
+        return cls(coordinator=coordinator, master=master, held=held)
+
+    def _pick(self) -> int:
+        port = free_port(exclude=self.held)
+        self.held.add(port)
+        return port
+
+    def all(self) -> set[int]:
+        return {self.coordinator, self.master, *self.weights.values(), *self.metrics.values()}
 
     def metrics_port(self, pod: tuple[str, str]) -> int:
         """The /metrics port of pod (role, replica index)."""
         if pod not in self.metrics:
-            self.metrics[pod] = free_port()
+            self.metrics[pod] = self._pick()
         return self.metrics[pod]
 
     def weight(self, rank: int) -> int:
         if rank not in self.weights:
-            self.weights[rank] = free_port()
+            self.weights[rank] = self._pick()
         return self.weights[rank]
 
 
@@ -99,12 +115,13 @@ class JobNetworks:
     def __init__(self, socket_dir: Path) -> None:
         self.socket_dir = socket_dir
         self._jobs: dict[tuple[str, str], tuple[JobPorts, ServiceProxy, asyncio.Task[ServiceProxy]]] = {}
+        self._held: set[int] = set()  # every job's ports (JobPorts.held)
 
     def ports(self, namespace: str, job: str) -> JobPorts:
         """The job's ports; the first call picks them and opens its coordinator proxy."""
         key = (namespace, job)
         if key not in self._jobs:
-            ports = JobPorts.allocate()
+            ports = JobPorts.allocate(self._held)
             proxy = ServiceProxy(proxy_socket(self.socket_dir, namespace, job), ports.coordinator)
             self._jobs[key] = (ports, proxy, asyncio.get_running_loop().create_task(proxy.start()))
         return self._jobs[key][0]
@@ -116,7 +133,8 @@ class JobNetworks:
     def release_all_but(self, busy: set[tuple[str, str]]) -> None:
         """Forget the ports of jobs without pods here and close their proxies."""
         for key in [k for k in self._jobs if k not in busy]:
-            _, proxy, started = self._jobs.pop(key)
+            ports, proxy, started = self._jobs.pop(key)
+            self._held.difference_update(ports.all())
             asyncio.get_running_loop().create_task(_close(proxy, started))
 
     async def close(self) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.contract import PodEnv
-from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.coordinator.client import RETRYABLE, CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.wire import episodes_only, fragment_to_proto
 from rlkube.engine.pod_metrics import bind_eval_figures
 from rlkube.engine.rollout import RolloutWorker
@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 EVAL_SEED_OFFSET = 1_000_003
 #: Long-poll length of LeaseTask.
 LEASE_WAIT = 5.0
+#: The longest pause between registrations refused with a code retrying cannot change (it doubles from 0.5 s).
+REGISTER_PAUSE_CAP = 10.0
 
 
 #: While waiting for weights and holding another incarnation's, ask the coordinator this often.
@@ -175,13 +177,17 @@ class EvalWorker:
             previous_worker_id=self.worker_id,
         )
         started = time.monotonic()
+        pause = 0.5
         while not self.stop.is_set():
             try:
                 response = self.client.register(request, retry_for=30.0, should_stop=self.stop.is_set)
             except CoordinatorError as exc:
                 logger.info("waiting for the coordinator (%.0f s): %s", time.monotonic() - started, exc)
-                if exc.code is not None and exc.code.name == "PERMISSION_DENIED":
-                    self.stop.wait(10.0)  # evicted (its fragments were refused): not worth a tight loop
+                if exc.code not in RETRYABLE:
+                    # An answer that asking again at once will not change (evicted, a credential
+                    # refused, another server at the address): back off, never a tight loop.
+                    self.stop.wait(pause)
+                    pause = min(pause * 2, REGISTER_PAUSE_CAP)
                 continue
             self.worker_id = response.worker_id
             self.tasks.bind(self.worker_id)

@@ -51,6 +51,7 @@ from rlkube.launch.processes import (
     STANDBY_ENV,
     RestartBackOff,
     free_port,
+    free_ports,
     signal_group,
     spawn,
     standby_can_go,
@@ -89,7 +90,8 @@ class Ports:
 
     @classmethod
     def allocate(cls, train_ranks: int) -> Ports:
-        return cls(free_port(), free_port(), tuple(free_port() for _ in range(train_ranks)))
+        master, coordinator, *weights = free_ports(2 + train_ranks)
+        return cls(master, coordinator, tuple(weights))
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,9 @@ class Supervisor:
     _eval_crash_loop: dict[int, int] = field(default_factory=dict)  # consecutive failures: the back-off
     _eval_failures: dict[int, int] = field(default_factory=dict)  # restarts per eval replica
     spares: dict[int, Proc] = field(default_factory=dict)  # warm standbys by rank (--standby)
+    _metrics_ports: set[int] = field(
+        default_factory=set
+    )  # handed out: a process may not have bound its own yet
 
     @property
     def train_restarts(self) -> int:
@@ -315,7 +320,12 @@ class Supervisor:
     def _spawn(self, role: Role, index: int, restarts: int = 0, *, standby: bool = False) -> Proc:
         name = self.layout.pod_name(role, index)
         log_path = self.layout.run_dir / "logs" / f"{name}.log"
-        metrics_port = free_port()  # one per process: locally every "pod" shares the host
+        # One per process: locally every "pod" shares the host, and no port handed out may come
+        # back before its process has bound it.
+        ports = self.layout.ports
+        taken = {ports.master, ports.coordinator, *ports.weights, *self._metrics_ports}
+        metrics_port = free_port(exclude=taken)
+        self._metrics_ports.add(metrics_port)
         env = {**self.base_env, **pod_env(self.layout, role, index, metrics_port=metrics_port)}
         # Health on any free port: the "pods" share one host (and no kubelet probes them).
         env[HEALTH_PORT_ENV] = "0"

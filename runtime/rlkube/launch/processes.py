@@ -1,18 +1,19 @@
-"""Supervising "pods" as local processes: one implementation for ``rlkube run`` and the process kubelet.
+"""Supervising "pods" as local processes: one implementation for ``rlkube run`` and the node agent.
 
 Both run the pod entrypoint as child processes and need the same few things, written once here:
-a free port on loopback, the restart back-off of a container that keeps exiting, children that die
+free ports on loopback, the restart back-off of a container that keeps exiting, children that die
 with their supervisor, process-group signalling, and a log file per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +24,28 @@ RUNTIME_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 _PR_SET_PDEATHSIG = 1
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int, host: str = LOOPBACK, *, exclude: Container[int] = ()) -> list[int]:
+    """``count`` distinct TCP ports nothing listens on right now, none of them in ``exclude``.
+
+    The OS picks each; all stay bound until the last is picked, so the OS cannot hand out one
+    twice. A port picked but not yet listened on is free again for the OS: pass the ports a caller
+    still holds unbound as ``exclude`` (two servers on one port both bind it, gRPC setting
+    SO_REUSEPORT, and clients then reach either).
+    """
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+            if port not in exclude:
+                ports.append(port)
+        return ports
+
+
+def free_port(host: str = LOOPBACK, *, exclude: Container[int] = ()) -> int:
+    """A TCP port nothing listens on right now (the OS picks it), not one of ``exclude``."""
+    return free_ports(1, host, exclude=exclude)[0]
 
 
 @dataclass(frozen=True)
