@@ -51,26 +51,47 @@ def collect(evaluator: PPO, steps: int = 8, rows: int = 4) -> TensorDict:
     )
 
 
+def moving(evaluator: PPO) -> dict[str, torch.Tensor]:
+    """The acting worker's own per-step statistics."""
+    assert evaluator._step_stats is not None
+    norm = evaluator._step_stats[1]
+    return {"count": norm.count.clone(), "mean": norm.mean.clone(), "var": norm.var.clone()}
+
+
 def test_each_step_moves_the_statistics_before_the_policy_acts_on_it() -> None:
     evaluator = policy("eval")
     raw = 30.0 + 3.0 * torch.randn(4, 4)
     response = evaluator.rollout_step(EnvRet(env_id=torch.arange(4), observation=raw))
-    after = stats(evaluator)
+    after = moving(evaluator)
     assert after["count"].item() == pytest.approx(4 + 1e-4)
     assert torch.allclose(after["mean"], raw.double().mean(0), rtol=1e-4)
     # The observation it acted on was normalised with the statistics that include it.
     normalized = getattr(response, NORMALIZED_OBSERVATION)
-    norm = evaluator.model.obs_norm
-    assert norm is not None
-    assert torch.allclose(normalized, norm(raw))
+    assert evaluator._step_stats is not None
+    assert torch.allclose(normalized, evaluator._step_stats[1](raw))
     assert normalized.abs().max() < 3.0
     evaluator.rollout_step(EnvRet(env_id=torch.arange(4), observation=raw + 1.0))
-    assert stats(evaluator)["count"].item() == pytest.approx(8 + 1e-4)
+    assert moving(evaluator)["count"].item() == pytest.approx(8 + 1e-4)
+    # The model's buffers stay the loaded version's (they may be a shared snapshot; fingerprints).
+    assert stats(evaluator)["count"].item() == pytest.approx(1e-4)
+
+
+def test_a_new_version_restarts_the_moving_statistics_from_its_own() -> None:
+    evaluator, trainer = policy("eval"), policy("train")
+    trainer.update_dataset(collect(policy("eval")))
+    trainer.train()
+    evaluator.rollout_step(EnvRet(env_id=torch.arange(4), observation=torch.randn(4, 4)))
+    evaluator.load_state_dict(trainer.get_trainable_parameters())
+    evaluator.weight_version = 1
+    raw = 30.0 + torch.randn(4, 4)
+    evaluator.rollout_step(EnvRet(env_id=torch.arange(4), observation=raw))
+    assert moving(evaluator)["count"].item() == pytest.approx(stats(trainer)["count"].item() + 4)
 
 
 def test_greedy_evaluation_steps_leave_the_statistics_alone() -> None:
     evaluator = policy("eval")
     evaluator.rollout_step(EnvRet(env_id=torch.arange(2), observation=torch.randn(2, 4)), deterministic=True)
+    assert evaluator._step_stats is None
     assert stats(evaluator)["count"].item() == pytest.approx(1e-4)
 
 
@@ -79,7 +100,7 @@ def test_the_trainer_trains_on_the_observations_as_collected_and_ends_with_the_w
     data = collect(evaluator)
     trainer.update_dataset(data)
     # The trainer merged the same raw batch: it holds the statistics the worker ended with.
-    worker, merged = stats(evaluator), stats(trainer)
+    worker, merged = moving(evaluator), stats(trainer)
     assert merged["count"].item() == pytest.approx(worker["count"].item())
     assert torch.allclose(merged["mean"], worker["mean"])
     assert torch.allclose(merged["var"], worker["var"])

@@ -78,6 +78,8 @@ class PPO(BasePolicy):
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         #: Whether ``self.dataset["obs"]`` holds observations normalised at collection (perStep).
         self._dataset_normalized = False
+        #: perStep, acting: (weight version, this worker's own copy of that version's statistics).
+        self._step_stats: tuple[int, RunningObsNorm] | None = None
 
     # ------------------------------------------------------------------ network and optimizer
     def construct_network(self, env_meta: Any, *args: Any, **kwargs: Any) -> None:
@@ -116,11 +118,19 @@ class PPO(BasePolicy):
     def _rollout_step_per_step_stats(self, env_ret: EnvRet, obs_norm: RunningObsNorm) -> PolicyResponse:
         """Merge the observations, normalise them with the result, act; the fragment keeps them.
 
-        Greedy (evaluation) steps do not move the statistics, as ``VecNormalize(training=False)``.
+        The moving statistics are this worker's own copy of its version's, started afresh at each
+        new version: the model's buffers stay the version's (they may be a shared-memory snapshot
+        other workers read, and the fingerprint checks them). Greedy (evaluation) steps do not
+        move them, as ``VecNormalize(training=False)``.
         """
+        if self._step_stats is None or self._step_stats[0] != self.weight_version:
+            own = RunningObsNorm(obs_norm.mean.numel(), clip=obs_norm.clip, epsilon=obs_norm.epsilon)
+            own.load_state_dict(obs_norm.state_dict())  # a copy
+            self._step_stats = (self.weight_version, own.to(obs_norm.mean.device))
+        moving = self._step_stats[1]
         raw = env_ret.observation.reshape(env_ret.observation.shape[0], -1)
-        obs_norm.update_(raw)
-        normalized = obs_norm(raw)
+        moving.update_(raw)
+        normalized = moving(raw)
         action, log_prob, _, value = self.model(normalized, normalized=True)
         return PolicyResponse(
             env_id=env_ret.env_id,
