@@ -4,7 +4,8 @@ Each *arm* is a set of ``--set`` overrides of the job (or the SB3 peer with the 
 every arm runs for every seed, each run in its own process (``--jobs N`` at once, so a 16-core
 machine runs 14 at a time), one torch thread each. A run writes its raw curve to
 ``OUT/ARM-seedS.json`` as soon as it ends (an interrupted ablation keeps what finished, and
-``--resume`` skips runs whose file exists). Printed, and written to ``OUT/table.txt``: per arm,
+``--resume`` skips runs whose file exists; a running one keeps its episodes so far in
+``ARM-seedS.partial.json``, rewritten every minute). Printed, and written to ``OUT/table.txt``: per arm,
 the mean over seeds of the 20-episode mean return at tenths of the budget, and the final return
 (last 20 episodes) per seed, its mean and a 95% t-interval over seeds; the load average at the
 start and end of each run is kept in its file.
@@ -30,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,7 +67,15 @@ def interval(values: list[float]) -> tuple[float, float]:
     return mean, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def run_one(job_path: str, arm: str, seed: int, budget: int, extra: list[str]) -> dict[str, Any]:
+def _dump_partial(curve: Curve, path: Path, stop: threading.Event) -> None:
+    while not stop.wait(60.0):
+        episodes = list(curve.episodes)
+        path.write_text(json.dumps({"episodes": episodes, "load_average": os.getloadavg()[0]}))
+
+
+def run_one(
+    job_path: str, arm: str, seed: int, budget: int, extra: list[str], partial: Path | None = None
+) -> dict[str, Any]:
     """One arm, one seed, in this process; the curve and its conditions as a JSON-able dict."""
     import torch
     from rlkube.jobfile import load_job
@@ -73,15 +83,21 @@ def run_one(job_path: str, arm: str, seed: int, budget: int, extra: list[str]) -
     torch.set_num_threads(1)
     job = load_job(job_path, [*extra, *ARMS[arm]])
     load_before = os.getloadavg()[0]
-    curve: Curve
-    if arm == PEER:
-        from benchmarks.learn.sb3_peer import run_sb3
+    curve = Curve(side=arm, seed=seed)
+    stop = threading.Event()
+    if partial is not None:  # the episodes so far, every minute (a run cut off keeps its curve)
+        threading.Thread(target=_dump_partial, args=(curve, partial, stop), daemon=True).start()
+    try:
+        if arm == PEER:
+            from benchmarks.learn.sb3_peer import run_sb3
 
-        curve = run_sb3(job, seed=seed, budget=budget, stop_at_target=False)
-    else:
-        from benchmarks.learn.rlkube_side import run_rlkube
+            run_sb3(job, seed=seed, budget=budget, stop_at_target=False, into=curve)
+        else:
+            from benchmarks.learn.rlkube_side import run_rlkube
 
-        curve = run_rlkube(job, seed=seed, budget=budget, stop_at_target=False)
+            run_rlkube(job, seed=seed, budget=budget, stop_at_target=False, into=curve)
+    finally:
+        stop.set()
     return {
         "arm": arm,
         "overrides": [*extra, *ARMS[arm]],
@@ -150,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.one is not None:  # a child: one run, its file written at the end
         arm, seed = args.one[0], int(args.one[1])
-        result = run_one(args.job, arm, seed, args.steps, args.overrides)
+        partial = args.out / f"{arm}-seed{seed}.partial.json"
+        result = run_one(args.job, arm, seed, args.steps, args.overrides, partial)
         (args.out / f"{arm}-seed{seed}.json").write_text(json.dumps(result))
+        partial.unlink(missing_ok=True)
         return 0
 
     def child(arm: str, seed: int) -> None:
@@ -173,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     order = [(arm, seed) for seed in args.seeds for arm in arms]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda pair: child(*pair), order))
-    runs = [json.loads(p.read_text()) for p in sorted(args.out.glob("*-seed*.json"))]
+    files = [p for p in sorted(args.out.glob("*-seed*.json")) if not p.name.endswith(".partial.json")]
+    runs = [json.loads(p.read_text()) for p in files]
     runs = [r for r in runs if r["arm"] in arms and r["seed"] in args.seeds and r["budget"] == args.steps]
     text = table(runs, args.steps, arms)
     (args.out / "table.txt").write_text(text + "\n")

@@ -89,8 +89,11 @@ def sb3_kwargs(job: RLJob) -> dict[str, Any]:
     }
 
 
-def run_sb3(job: RLJob, *, seed: int, budget: int, stop_at_target: bool) -> Curve:
-    """Train SB3's PPO on ``job``'s env for ``budget`` env steps (or to the target); raw returns."""
+def run_sb3(job: RLJob, *, seed: int, budget: int, stop_at_target: bool, into: Curve | None = None) -> Curve:
+    """Train SB3's PPO on ``job``'s env for ``budget`` env steps (or to the target); raw returns.
+
+    ``into``: filled as the run goes (another thread may read it), else a new one.
+    """
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -99,7 +102,7 @@ def run_sb3(job: RLJob, *, seed: int, budget: int, stop_at_target: bool) -> Curv
 
     spec = job.spec
     target = spec.train.target_return
-    curve = Curve(side="sb3", seed=seed)
+    curve = into if into is not None else Curve(side="sb3", seed=seed)
 
     class _Episodes(BaseCallback):
         # Episodes are stamped with the steps collected at the end of their rollout, as rlkube's
