@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--resume", action="store_true", help="skip runs whose result file exists")
+    parser.add_argument(
+        "--table-only", action="store_true", help="print the table of OUT's files, run nothing"
+    )
     parser.add_argument("--one", nargs=2, metavar=("ARM", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
@@ -189,12 +192,18 @@ def main(argv: list[str] | None = None) -> int:
 
     # Seed-major order: every arm of a seed runs close together in time (load hits arms alike).
     order = [(arm, seed) for seed in args.seeds for arm in arms]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(lambda pair: child(*pair), order))
+    if not args.table_only:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(lambda pair: child(*pair), order))
     files = [p for p in sorted(args.out.glob("*-seed*.json")) if not p.name.endswith(".partial.json")]
     runs = [json.loads(p.read_text()) for p in files]
     runs = [r for r in runs if r["arm"] in arms and r["seed"] in args.seeds and r["budget"] == args.steps]
     text = table(runs, args.steps, arms)
+    for path in sorted(args.out.glob("*.partial.json")):  # runs cut off (or still running)
+        episodes = [tuple(e) for e in json.loads(path.read_text())["episodes"]]
+        if episodes:
+            at, value = smoothed(episodes)[-1]
+            text += f"\n{path.name}: unfinished, 20-episode mean {value:.1f} at {at:,} env steps"
     (args.out / "table.txt").write_text(text + "\n")
     print()
     print(text)
