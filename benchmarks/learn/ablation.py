@@ -140,9 +140,8 @@ def table(runs: list[dict[str, Any]], budget: int, arms: list[str]) -> str:
         seeds = " ".join(f"s{r['seed']}:{r['final_return']:.0f}" for r in done)
         mean, half = interval([r["final_return"] for r in done])
         rate = statistics.fmean(r["env_steps"] / r["wall_seconds"] for r in done if r["wall_seconds"])
-        load = (
-            f"{min(r['load_average'][0] for r in done):.1f}-{max(max(r['load_average']) for r in done):.1f}"
-        )
+        loads = [value for r in done for value in r["load_average"]]
+        load = f"{min(loads):.1f}-{max(loads):.1f}"
         lines.append(f"{arm:>16}  {seeds:<36}{mean:>11.1f} ± {half:<6.1f}{rate:>9.0f}  {load}")
     return "\n".join(lines)
 
