@@ -5,11 +5,13 @@
 #   make controlplane build kube-apiserver, kube-controller-manager and kube-scheduler from
 #                 devcluster/kubernetes/go.mod (needs Go; minutes once per machine, cached in
 #                 ~/.cache/rlkube/controlplane) and print where they are
+#   make kueue    build Kueue's manager (sigs.k8s.io/kueue v0.17.0; needs Go; minutes once per machine,
+#                 cached in ~/.cache/rlkube/kueue) for the tests and `make cluster CLUSTER_ARGS=--kueue`
 #   make test-quick   the same without the multi-process runs marked slow (minutes, for development)
 #   make test-all     everything, the kind e2e run included (it needs Docker; `make e2e` runs it alone)
 #   make cluster  start the real Kubernetes control plane (built by `make controlplane`), node agents
 #                 that run pods as local processes and the operator; print the KUBECONFIG to export
-#                 (CLUSTER_ARGS="--api emulator [--kubelet ready --simulate-training]": the API emulator)
+#                 (CLUSTER_ARGS="--simulate-training": nothing runs in the pods, training is faked)
 #   make lint     ruff, mypy, import layers, yamllint, shellcheck, hadolint
 #   make gpu-check on a machine with an NVIDIA GPU: NCCL selection, CUDA weight copies, a DDP step
 #   make generate regenerate crds/, the chart's CRD copy, docs/rljob-reference.md and runtime/rlkube/_proto
@@ -30,7 +32,7 @@ CLUSTER_ARGS ?=
 # The dev cluster's source root (package rlkube_devcluster): in the repository, not in the wheel.
 DEVCLUSTER := devcluster
 
-.PHONY: demo test test-quick controlplane test-all lint generate cluster bench gpu-check clean
+.PHONY: demo test test-quick controlplane kueue test-all lint generate cluster bench bench-scaling gpu-check clean
 
 $(VENV)/.base: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rlkube needs Python 3.11 or newer")'
@@ -54,6 +56,7 @@ TEST_MARKERS ?= not e2e
 test: $(VENV)/.dev
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory controlplane
+	$(MAKE) --no-print-directory kueue
 	@set +e; $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
@@ -84,13 +87,25 @@ generate: $(VENV)/.dev
 controlplane: $(VENV)/.dev
 	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m rlkube_devcluster.controlplane.build
 
-cluster: $(VENV)/.dev controlplane
+kueue: $(VENV)/.dev
+	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m rlkube_devcluster.kueue.build
+
+cluster: $(VENV)/.dev controlplane $(if $(findstring --kueue,$(CLUSTER_ARGS)),kueue)
 	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m rlkube_devcluster $(CLUSTER_ARGS)
 
 bench: $(VENV)/.base
 	$(PIP) install --quiet -e ".[bench]"
 	$(VENV)/bin/rlkube bench weights --json runs/bench-weights.json
 	$(VENV)/bin/rlkube bench rollout --json runs/bench-rollout.json
+
+# Collection scaling on a many-core machine (issue #24): the intake ceiling (plumbing only, CartPole-
+# and Atari-sized fragments, training off and on) and the rollout rows with their ceiling column.
+SCALING_WORKERS ?= 1 4 8 14
+bench-scaling: $(VENV)/.base
+	$(PIP) install --quiet -e ".[bench]"
+	$(VENV)/bin/rlkube bench intake --producers $(SCALING_WORKERS) --train-us-per-step 0 26 --json runs/bench-intake-cartpole.json
+	$(VENV)/bin/rlkube bench intake --shape atari --producers 1 4 --seconds 20 --json runs/bench-intake-atari.json
+	$(VENV)/bin/rlkube bench rollout --workers $(SCALING_WORKERS) --requests batched --no-ray --json runs/bench-rollout-scaling.json
 
 # The GPU acceptance check: rlkube run on the GPU, checkpoint/resume, CUDA weight plane (~5 min).
 gpu-check: $(VENV)/.base

@@ -28,6 +28,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.rollout.run",
         "env steps/s for 1, 2, 4 eval workers, sync vs async, batched vs per-env requests, vs Ray",
     ),
+    "intake": (
+        "benchmarks.rollout.intake",
+        "the trajectory plane's ceiling: synthetic fragments flood rank 0 (no env, no learner)",
+    ),
     "fragment-bytes": (
         "benchmarks.rollout.fragment_bytes",
         "one trajectory fragment's size on the wire, as sent and with uint8 leaves as float32",

@@ -24,6 +24,7 @@ ddp            2 train ranks over NCCL, each on its own GPU (skipped with one GP
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -192,37 +193,60 @@ def halfcheetah(ws: Workspace, *, small: bool, epochs: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- checkpoint
 def checkpoint(ws: Workspace, *, small: bool) -> dict[str, Any]:
+    """Train, crash (SIGKILL) once a checkpoint is down, resume, and finish two epochs later.
+
+    The crashed leg is given far more epochs than it can run before the kill, so the kill never
+    races the run's end however fast the machine is; the resumed leg ends two epochs after the
+    newest checkpoint it finds.
+    """
     run_dir = ws.run_dir("resume")
-    epochs, kill_after = (4, 2) if small else (10, 4)
-    overrides = [
+    kill_after = 2 if small else 4
+    base = [
         *(SMALL_CARTPOLE if small else ("spec.trainer.replicas=1",)),
-        f"spec.train.maxEpochs={epochs}",
         f"spec.train.saveInterval={1 if small else 2}",
-        "spec.train.targetReturn=10000",  # never reached: the run must end at maxEpochs
+        "spec.train.targetReturn=10000",  # never reached: each leg ends at maxEpochs
     ]
-    # The CPU fallback kills and resumes one process (--in-process): the same checkpoint store.
-    command = rlkube_command(CARTPOLE, run_dir=run_dir, overrides=overrides, in_process=small)
-    marker = run_dir / "checkpoints" / f"ckpt-{kill_after:06d}" / "meta.json"
-    killed = run(command, run_dir=run_dir, timeout=150, until=marker.is_file)
-    if not marker.is_file():
-        raise AssertionError(f"no checkpoint {marker.parent.name} before the run ended:\n{killed.tail()}")
+
+    def command(max_epochs: int) -> list[str]:
+        overrides = [*base, f"spec.train.maxEpochs={max_epochs}"]
+        # The CPU fallback kills and resumes one process (--in-process): the same checkpoint store.
+        return rlkube_command(CARTPOLE, run_dir=run_dir, overrides=overrides, in_process=small)
+
+    store = run_dir / "checkpoints"
+
+    def reached() -> bool:  # any checkpoint at or past kill_after (older ones are pruned as it goes)
+        return _saved_epochs(store)[-1:] >= [kill_after]
+
+    killed = run(command(100_000), run_dir=run_dir, timeout=150, until=reached)
     if (run_dir / "summary.json").exists():
-        raise AssertionError("the run finished before it could be killed")
+        raise AssertionError(f"the run ended before it could be killed:\n{killed.tail()}")
+    saved = _saved_epochs(store)
+    if saved[-1:] < [kill_after]:
+        raise AssertionError(f"no checkpoint at epoch {kill_after} or later:\n{killed.tail()}")
     if not small:
         _expect_device(killed, "cartpole", 1, "cuda")
-    resumed = run(command, run_dir=run_dir, timeout=150)
+    newest = saved[-1]
+    resumed = run(command(newest + 2), run_dir=run_dir, timeout=150)
     summary = _ran(resumed)
     learner = "in-process" if small else _expect_device(resumed, "cartpole", 1, "cuda")[0]
     start = summary.get("resumed_from_epoch")
-    if start is None or start < kill_after or summary["epochs"] != epochs:
-        raise AssertionError(f"expected a resume from epoch >= {kill_after} to {epochs}: {summary}")
+    if start != newest or summary["epochs"] != newest + 2:
+        raise AssertionError(f"expected a resume from epoch {newest} to {newest + 2}: {summary}")
     return {
         "learner": learner,
-        "killed_after_epoch": kill_after,
+        "killed_after_epoch": newest,
         "resumed_from_epoch": start,
         "epochs": summary["epochs"],
         "resume_wall_s": round(resumed.seconds, 1),
     }
+
+
+def _saved_epochs(store: Path) -> list[int]:
+    """Epochs of the complete checkpoints under ``store`` (a meta.json is written last), oldest first."""
+    if not store.is_dir():
+        return []
+    found = (re.fullmatch(r"ckpt-(\d+)", d.name) for d in store.iterdir() if (d / "meta.json").is_file())
+    return sorted(int(m[1]) for m in found if m)
 
 
 # ------------------------------------------------------------------------------- ddp

@@ -17,7 +17,14 @@ Measures, in one run and side by side:
   returned pickled (``benchmarks/rollout/ray_peer.py``).
 
 For each cluster run it reports env steps per second of wall time (training included) and the
-fraction of eval-worker time spent waiting for weights instead of rolling out. On a machine
+fraction of eval-worker time spent waiting for weights instead of rolling out.
+
+Beside every row, the ceiling that applies and the share of it achieved: ``min(learner, workers x
+bound, intake)``, where ``bound`` is the bound row, the learner's ceiling is what the in-process
+row leaves after its rollouts (``1 / (1/in-process - 1/bound)`` env steps/s), and ``intake`` is
+the trajectory plane's own ceiling with as many producers as workers (``rlkube bench intake``:
+synthetic fragments of the same shape flooding a real coordinator, no env and no learner; its
+fragments/s and env steps/s are printed in their own columns). On a machine
 with C cores, K workers plus a trainer contend for them: the figures show where that bites.
 ``--json PATH`` writes one row per measurement.
 """
@@ -172,23 +179,59 @@ def measure_ray(args: argparse.Namespace, requests: str) -> list[dict[str, Any]]
     return rows
 
 
+def learner_ceiling(bound: float, in_process: float) -> float | None:
+    """Env steps/s the learner alone could take: what the in-process row spends beyond its rollouts. Pure."""
+    if bound <= 0 or in_process <= 0 or in_process >= bound:
+        return None
+    return 1.0 / (1.0 / in_process - 1.0 / bound)
+
+
+def add_ceilings(rows: list[dict[str, Any]], intake: dict[int, dict[str, Any]]) -> None:
+    """Give every row its ceiling (``min(learner, workers x bound, intake)``) and the share achieved."""
+    bound = {r["requests"]: r["steps_per_second"] for r in rows if r["method"] == "bound"}
+    in_process = {r["requests"]: r["steps_per_second"] for r in rows if r["method"] == "in-process"}
+    for r in rows:
+        one = bound.get(r["requests"], 0.0)
+        learner = learner_ceiling(one, in_process.get(r["requests"], 0.0))
+        limits = {"envs": r["workers"] * one}
+        if r["method"] not in ("bound",) and learner is not None:
+            limits["learner"] = learner
+        plumbing = intake.get(r["workers"], {}) if r["method"] == "cluster" else {}
+        if plumbing.get("env_steps_per_second"):
+            limits["intake"] = plumbing["env_steps_per_second"]
+            r["intake_fragments_per_second"] = plumbing["fragments_per_second"]
+            r["intake_env_steps_per_second"] = plumbing["env_steps_per_second"]
+        if learner is not None:
+            r["learner_ceiling"] = learner
+        limit = min(limits, key=lambda name: limits[name])
+        r["ceiling"], r["ceiling_is"] = limits[limit], limit
+        r["of_ceiling"] = r["steps_per_second"] / limits[limit] if limits[limit] else 0.0
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """One line per row; ``vs bound``/``vs ray``: over the bound or the Ray peer of the same request mode."""
     bound = {r["requests"]: r["steps_per_second"] for r in rows if r["method"] == "bound"}
     ray = {(r["requests"], r["workers"]): r["steps_per_second"] for r in rows if r["method"] == "ray"}
     lines = [
         f"{'method':11s} {'requests':8s} {'engine':6s} {'workers':>7s} {'env steps':>10s} {'seconds':>8s} "
-        f"{'steps/s':>9s} {'vs bound':>8s} {'vs ray':>7s} {'waiting for weights':>20s}",
+        f"{'steps/s':>9s} {'vs bound':>8s} {'vs ray':>7s} {'waiting for weights':>20s} "
+        f"{'intake frag/s':>13s} {'intake steps/s':>14s} {'ceiling (which)':>20s} {'of ceiling':>10s}",
     ]
     for r in rows:
         wait = r.get("weight_wait_fraction")
         peer = ray.get((r["requests"], r["workers"])) if r["method"] == "cluster" else None
         versus = f"{r['steps_per_second'] / peer:.2f}x" if peer else "-"
+        frags, steps = r.get("intake_fragments_per_second"), r.get("intake_env_steps_per_second")
+        ceiling = f"{r['ceiling']:,.0f} ({r['ceiling_is']})" if "ceiling" in r else "-"
+        share = f"{r['of_ceiling']:.2f}" if "of_ceiling" in r else "-"
         lines.append(
             f"{r['method']:11s} {r['requests']:8s} {r['engine']:6s} {r['workers']:7d} {r['env_steps']:10,d} "
             f"{r['seconds']:8.1f} {r['steps_per_second']:9,.0f} "
             f"{r['steps_per_second'] / bound[r['requests']]:8.2f} {versus:>7s} "
-            f"{'-' if wait is None else f'{100 * wait:.1f}%':>20s}"
+            f"{'-' if wait is None else f'{100 * wait:.1f}%':>20s} "
+            f"{'-' if frags is None else f'{frags:,.0f}':>13s} "
+            f"{'-' if steps is None else f'{steps:,.0f}':>14s} "
+            f"{ceiling:>20s} {share:>10s}"
         )
     if "batched" in bound and "per-env" in bound and bound["batched"] and bound["per-env"]:
         overhead = 1e6 * (1 / bound["per-env"] - 1 / bound["batched"])
@@ -253,6 +296,19 @@ def measure_requests(args: argparse.Namespace, root: Path, requests: str) -> lis
     return rows
 
 
+def measure_intake(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+    """The trajectory plane's ceiling with as many producers as each row's workers (same fragment shape)."""
+    if args.ceiling_seconds <= 0:
+        return {}
+    from benchmarks.rollout.intake import ceiling
+
+    found = {}
+    for workers in sorted(set(args.workers)):
+        print(f"measuring the intake ceiling with {workers} producer(s)...", file=sys.stderr, flush=True)
+        found[workers] = ceiling(shape="cartpole", producers=workers, seconds=args.ceiling_seconds)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlkube bench rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
@@ -265,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray peer")
     parser.add_argument("--bound-repeats", type=int, default=3, help="rounds of the bound rows (best kept)")
     parser.add_argument(
+        "--ceiling-seconds",
+        type=float,
+        default=5.0,
+        help="window of each intake-ceiling run (rlkube bench intake, one per worker count; 0: skip)",
+    )
+    parser.add_argument(
         "--requests",
         nargs="+",
         default=["batched", "per-env"],
@@ -274,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.workers, args.epochs, args.steps_per_epoch = [1, 2], 4, 512
+        args.ceiling_seconds = min(args.ceiling_seconds, 1.5)
     rows: list[dict[str, Any]] = []
     import_modules(module for mode in args.requests for module in REQUEST_MODES[mode][1])
+    intake = measure_intake(args)
     rows += measure_bounds(args)
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-rollout-") as tmp:
         root = Path(tmp)
@@ -285,7 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["steps_per_second"] = row["env_steps"] / row["seconds"] if row["seconds"] > 0 else 0.0
         row["scenario"] = "cartpole-ppo"
+    add_ceilings(rows, intake)
     print(table(rows))
+    for workers, plumbing in sorted(intake.items()):
+        print(
+            f"intake ceiling, {workers} producer(s) (rlkube bench intake --producers {workers}): "
+            f"{plumbing.get('fragments_per_second', 0):,.0f} fragments/s, "
+            f"{plumbing.get('env_steps_per_second', 0):,.0f} env steps/s, "
+            f"rank 0 {plumbing.get('rank0_cpu_ms_per_fragment') or 0:.2f} CPU ms per fragment"
+        )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

@@ -13,7 +13,7 @@ import math
 import grpc
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
-from rlkube.contract import CoordinatorPhase
+from rlkube.contract import CoordinatorPhase, EngineFailure
 from rlkube.security.credential import Credential
 from rlkube.security.grpc_auth import open_channel
 
@@ -44,6 +44,7 @@ def report_from_proto(message: pb.JobStatus) -> CoordinatorReport:
         ),
         finished=bool(message.finished),
         message=message.message,
+        failure_reason=failure_reason_of(message),
         fingerprints_consistent=bool(message.fingerprints_consistent) if message.workers else True,
         shown=shown_values(message),
     )
@@ -59,6 +60,16 @@ def phase_of(message: pb.JobStatus) -> CoordinatorPhase:
         return CoordinatorPhase(name)
     except ValueError:
         return CoordinatorPhase.STARTING
+
+
+def failure_reason_of(message: pb.JobStatus) -> EngineFailure:
+    """Why a failed coordinator failed (a value this operator does not know: TrainingFailed)."""
+    known = pb.JobStatus.EngineFailure.values()
+    return EngineFailure(
+        pb.JobStatus.EngineFailure.Name(message.failure_reason)
+        if message.failure_reason in known
+        else EngineFailure.TRAINING_FAILED
+    )
 
 
 def get_status(target: str, *, timeout: float, token: str = "") -> CoordinatorReport | None:

@@ -12,6 +12,8 @@ kopf's retry semantics. No manifest literals here.
                       children + the coordinator's GetStatus -> status, events, run policy, on a
                       schedule of its own; no kopf timer, so no finalizer)
 * pod events       -> the job's status is refreshed soon (restarts, termination messages)
+* Workload events  -> (``kueueIntegration: RLJob``) the job is refreshed soon: Kueue admitted,
+                      evicted or requeued it
 * child events     -> a StatefulSet, Service or ConfigMap of a job that was deleted or drifted
                       from its rendering is applied again (level-triggered), with an event
 """
@@ -141,6 +143,14 @@ async def on_job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, *
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
 async def on_pod_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A pod of a job changed (started, restarted, stopped with a message): refresh the job soon."""
+    labels = body.metadata.labels or {}
+    memo.refresher.poke(str(body.metadata.namespace), str(labels.get(c.LABEL_JOB)))
+
+
+@kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels={c.LABEL_JOB: kopf.PRESENT})
+async def on_workload_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Kueue admitted, evicted or requeued a job's Workload (kueueIntegration RLJob): refresh the job
+    soon, which starts it or checkpoints and stops it (kopf skips this watch without Kueue's CRDs)."""
     labels = body.metadata.labels or {}
     memo.refresher.poke(str(body.metadata.namespace), str(labels.get(c.LABEL_JOB)))
 

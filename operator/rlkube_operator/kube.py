@@ -35,6 +35,10 @@ PLURALS: dict[str, str] = {
     "PodGroup": "podgroups",  # scheduling.volcano.sh and scheduling.x-k8s.io alike
     "RLJob": "rljobs",
     "Event": "events",
+    # Kueue's, for spec.scheduling.kueueIntegration RLJob (rlkube_operator.kueue_gate)
+    "Workload": "workloads",
+    "ResourceFlavor": "resourceflavors",
+    "PriorityClass": "priorityclasses",
 }
 
 #: ``source.component`` of the events the operator posts itself.
@@ -55,8 +59,9 @@ class ApiError(Exception):
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    """The object's (or the collection's) path; ``namespace`` "" for a cluster-scoped kind."""
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}" if namespace else f"{base}/{PLURALS[kind]}"
     return f"{path}/{name}" if name else path
 
 
@@ -145,13 +150,23 @@ class Kube:
         return True
 
     def patch_status(
-        self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> dict[str, Any]:
-        """Merge-patch the status subresource; the answer is the object as stored."""
+        """Merge-patch the status subresource; the answer is the object as stored.
+
+        ``resource_version``: only if the object is still that version (else ApiError 409)."""
         path = object_path(api_version, kind, namespace, name) + "/status"
-        return self._call(
-            "PATCH", path, body={"status": dict(patch)}, content_type="application/merge-patch+json"
-        )
+        body: dict[str, Any] = {"status": dict(patch)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
 
     def post_event(
         self,

@@ -1,10 +1,11 @@
 """Every permission the operator uses, in one place.
 
 Pure data. ``scripts/generate.py`` writes the Helm chart's rules
-(charts/rlkube/templates/_rbac_rules.tpl) from these tuples, and the operator's requests in the
-emulator tests are audited against them, so a verb the operator starts using is a test failure
-until it is listed here, and nothing more is granted. A rule with ``only_with`` is needed only
-when that operator setting is on (the chart grants it only then).
+(charts/rlkube/templates/_rbac_rules.tpl) from these tuples. The tests run the operator against a
+real API server under a ClusterRole of exactly these rules and read its audit log, so a verb the
+operator starts using is a test failure until it is listed here, and nothing more is granted. A
+rule with ``only_with`` is needed only when that operator setting is on (the chart grants it only
+then).
 """
 
 from __future__ import annotations
@@ -84,6 +85,20 @@ NAMESPACED_RULES: tuple[Rule, ...] = (
     Rule(
         ("",), ("events",), ("create",), "events for every transition and error (kopf posts core/v1 events)"
     ),
+    Rule(
+        ("kueue.x-k8s.io",),
+        ("workloads",),
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "kueueIntegration RLJob: each job's Kueue Workload and eval slice (server-side apply), watched "
+        "for admission and eviction; a resized or unneeded eval slice is deleted; granted even where "
+        "Kueue is not installed, which grants nothing",
+    ),
+    Rule(
+        ("kueue.x-k8s.io",),
+        ("workloads/status",),
+        ("patch",),
+        "kueueIntegration RLJob: mark a Workload Finished, release its quota after an eviction",
+    ),
 )
 
 #: Rules that are always cluster-scoped (kopf discovers resources and namespaces).
@@ -105,6 +120,18 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         ("clusterkopfpeerings",),
         ("list", "watch", "patch"),
         "leader election among operator replicas: kopf reads the peers and patches its keep-alive",
+    ),
+    Rule(
+        ("kueue.x-k8s.io",),
+        ("resourceflavors",),
+        ("get",),
+        "kueueIntegration RLJob: the admitted flavours' node labels and tolerations for the pods",
+    ),
+    Rule(
+        ("scheduling.k8s.io",),
+        ("priorityclasses",),
+        ("get",),
+        "kueueIntegration RLJob: the value of trainer.priorityClassName for the Workload's priority",
     ),
 )
 

@@ -26,6 +26,16 @@ from rlkube_operator import metrics
 from rlkube_operator.compare import changed_fields, drift
 from rlkube_operator.coordinator import get_status
 from rlkube_operator.kube import ApiError, Kube
+from rlkube_operator.kueue_gate import KueueGate
+from rlkube_operator.kueue_workload import (
+    Admission,
+    QueueState,
+    overlay_status,
+    place,
+    queue_message,
+    uses_workload,
+    within_admission,
+)
 from rlkube_operator.refusal_events import RefusalReason, refusal_events
 from rlkube_operator.render import (
     ANNOTATION_SPEC_HASH,
@@ -71,6 +81,8 @@ class EventReason(StrEnum):
     #: The coordinator refused or quarantined fragments, or evicted an eval pod (``refusal_events``).
     FRAGMENTS_REFUSED = RefusalReason.FRAGMENTS_REFUSED.value
     EVAL_POD_EVICTED = RefusalReason.EVAL_POD_EVICTED.value
+    #: The operator wrote to the job's Kueue Workload (finished, or its quota released).
+    KUEUE_WORKLOAD = "KueueWorkload"
 
 
 @dataclass(frozen=True)
@@ -164,6 +176,12 @@ class Reconciler:
     #: Jobs (``ns/name``) whose pods a status refresh scaled to zero on finishing, before the
     #: status saying so is stored: a child watch then restores them at zero, not as running.
     finished: set[str] = field(default_factory=set)
+    #: Kueue's decisions for jobs with ``kueueIntegration: RLJob`` (see "Kueue" below).
+    kueue: KueueGate | None = None
+
+    def __post_init__(self) -> None:
+        if self.kueue is None:
+            self.kueue = KueueGate(self.kube, self.settings.render)
 
     # Parsing ---------------------------------------------------------------------------------
 
@@ -230,18 +248,21 @@ class Reconciler:
         job, invalid = self._parse(body, now=now)
         if job is None:
             return invalid or Outcome()
-        stopped = self._stopped(job)
+        admission = self._admission(job)
+        stopped = self._stopped(job) or _held(admission)
         self._credential(job)  # before the pods that mount it
         if not stopped:
             self.finished.discard(job_key(job.namespace, job.name))
         outcome = Outcome()
         if old is not None and not stopped:
             outcome = self._announce_restart(job, old, now=now)
-        objects = render(job, self.settings.render, stopped=stopped)
+        objects = self._render(job, stopped=stopped, admission=admission)
         for obj in objects:
             self._apply(obj)
         kinds = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in objects)
         why = " (scaled to zero: suspended)" if job.spec.run_policy.suspend else ""
+        if not why and admission is not None and _held(admission):
+            why = f" (scaled to zero: {queue_message(admission)})"
         why = why or (" (scaled to zero: finished)" if stopped else "")
         outcome.events.insert(0, Event("Normal", EventReason.APPLIED, f"applied {kinds}{why}"))
         return outcome
@@ -287,11 +308,12 @@ class Reconciler:
             job = parse_job(raw, source=f"RLJob {raw.get('metadata', {}).get('name', '?')}")
         except SpecError:
             return Outcome()  # nothing is rendered for a job the operator refuses
-        stopped = self._stopped(job) or job_key(job.namespace, job.name) in self.finished
+        admission = self._admission(job)
+        stopped = self._stopped(job) or job_key(job.namespace, job.name) in self.finished or _held(admission)
         rendered = next(
             (
                 o
-                for o in render(job, self.settings.render, stopped=stopped)
+                for o in self._render(job, stopped=stopped, admission=admission)
                 if (o["kind"], o["metadata"]["name"]) == (kind, name)
             ),
             None,
@@ -314,9 +336,10 @@ class Reconciler:
         job, invalid = self._parse(body, now=now)
         if job is None:
             return invalid or Outcome()
-        if self._stopped(job):
+        admission = self._admission(job)  # while queued, this resizes the Workload's eval PodSet
+        if self._stopped(job) or _held(admission):
             return Outcome()
-        self._apply(render_eval_statefulset(job, self.settings.render))
+        self._apply(self._placed(render_eval_statefulset(job, self.settings.render), admission))
         replicas = job.spec.evaluator.replicas
         return Outcome(events=[Event("Normal", EventReason.SCALED, f"eval replicas set to {replicas}")])
 
@@ -384,9 +407,10 @@ class Reconciler:
             outcome = Outcome(phase=previous.phase)
             self._delete_expired(job, ttl, outcome)
             return outcome
+        admission = self._admission(job)
         children = self.observe(job)
         report = None
-        if children.train.exists and not self._stopped(job):
+        if children.train.exists and not self._stopped(job) and not _held(admission):
             target = self.settings.coordinator_target(job.name, job.namespace)
             report = self.ask_coordinator(
                 target, timeout=self.settings.coordinator_timeout, token=self._credential(job, create=False)
@@ -394,13 +418,23 @@ class Reconciler:
             if report is None and children.train.ready > 0:
                 metrics.UNREACHABLE.inc()
         now = now or self.clock()
-        derived = derive_status(job, children, report, now=now)
+        waiting = admission is not None and admission.state in (QueueState.QUEUED, QueueState.PREEMPTED)
+        derived = derive_status(_as_suspended(job) if waiting else job, children, report, now=now)
+        status = derived.status
+        if admission is not None and not job.spec.run_policy.suspend:
+            status = overlay_status(status, admission)
         outcome = Outcome(phase=derived.phase)
-        if status_changed(job.status, derived.status):
-            outcome.status_patch = status_patch(job.status, derived.status)
+        if status_changed(job.status, status):
+            outcome.status_patch = status_patch(job.status, status)
         for transition in derived.transitions:
             kind = "Warning" if transition.warning else "Normal"
-            outcome.events.append(Event(kind, transition.reason, transition.message))
+            reason, message = transition.reason, transition.message
+            if admission is not None and not job.spec.run_policy.suspend and reason in _SUSPENSION_REASONS:
+                reason, message = admission.state.value, queue_message(admission)
+                kind = "Warning" if admission.state is QueueState.PREEMPTED else "Normal"
+            outcome.events.append(Event(kind, reason, message))
+        if admission is not None:
+            self._follow_kueue(job, admission, children, derived.phase, outcome, now=now)
         for reason, message in refusal_events(job.status, derived.status):
             outcome.events.append(Event("Warning", reason, message))
 
@@ -417,6 +451,120 @@ class Reconciler:
         if derived.phase.is_terminal() and run_policy.is_due(finished_at, ttl, now):
             self._delete_expired(job, ttl, outcome)
         return outcome
+
+    # Kueue (spec.scheduling.kueueIntegration RLJob: rlkube_operator.kueue_workload) ---------------
+
+    def _admission(self, job: RLJob) -> Admission | None:
+        """Kueue's decision about a job on the RLJob integration (its Workload made first); None
+        for every other job."""
+        if not uses_workload(job) or self.kueue is None:
+            return None
+        try:
+            return self.kueue.admission(job)
+        except ApiError as exc:
+            raise ReconcileError(
+                f"reading the job's Kueue Workload failed: {exc}", retryable=exc.retryable
+            ) from exc
+
+    def _placed(self, obj: dict[str, Any], admission: Admission | None) -> dict[str, Any]:
+        return self._render_placed([obj], admission)[0]
+
+    def _render(self, job: RLJob, *, stopped: bool, admission: Admission | None) -> list[dict[str, Any]]:
+        return self._render_placed(render(job, self.settings.render, stopped=stopped), admission)
+
+    def _render_placed(
+        self, objects: list[dict[str, Any]], admission: Admission | None
+    ) -> list[dict[str, Any]]:
+        """The admitted flavours' node labels and tolerations on the pods (as Kueue's integrations do)."""
+        if admission is None or not admission.runs or self.kueue is None:
+            return objects
+        try:
+            return within_admission(place(objects, self.kueue.placements(admission)), admission)
+        except ApiError as exc:
+            raise ReconcileError(
+                f"reading Kueue's ResourceFlavors failed: {exc}", retryable=exc.retryable
+            ) from exc
+
+    def _follow_kueue(
+        self,
+        job: RLJob,
+        admission: Admission,
+        children: Children,
+        phase: Phase,
+        outcome: Outcome,
+        *,
+        now: datetime,
+    ) -> None:
+        """Make the pods follow Kueue's decision, and tell Kueue what the job did.
+
+        Admitted while scaled to zero: start (apply everything). Queued or evicted while pods run:
+        scale to zero, which gives every pod SIGTERM and its grace period (train rank 0 saves a
+        checkpoint then). Evicted and every pod gone: release the quota, so Kueue requeues the job
+        and its preemptor is admitted. Finished: mark the Workload Finished (the quota is freed).
+        """
+        assert self.kueue is not None
+        terminal = phase.is_terminal()
+        try:
+            if terminal:
+                self.kueue.drop_eval_slice(job)
+                done = self.kueue.settle(
+                    job, pods_left=-1, outcome=(phase is Phase.COMPLETE, phase.value), now=now
+                )
+            else:
+                wanted = 0 if _held(admission) else job.spec.trainer.replicas
+                if (
+                    children.train.exists
+                    and children.train.desired != wanted
+                    and not job.spec.run_policy.suspend
+                ):
+                    stopped = _held(admission)
+                    for obj in self._render(job, stopped=stopped, admission=admission):
+                        self._apply(obj)
+                    what = "scaled to zero" if stopped else "started"
+                    outcome.events.append(
+                        Event("Normal", EventReason.APPLIED, f"{what}: {queue_message(admission)}")
+                    )
+                elif admission.runs and children.eval.exists:
+                    self._follow_eval_slice(job, admission, children, outcome, now=now)
+                pods = 0
+                if admission.state is QueueState.PREEMPTED and admission.has_reservation:
+                    pods = len(
+                        self.kube.list("v1", "Pod", job.namespace, label_selector=f"{c.LABEL_JOB}={job.name}")
+                    )
+                done = self.kueue.settle(job, pods_left=pods, outcome=None, now=now)
+        except ApiError as exc:
+            raise ReconcileError(
+                f"updating the job's Kueue Workload failed: {exc}", retryable=exc.retryable
+            ) from exc
+        if done:
+            outcome.events.append(Event("Normal", EventReason.KUEUE_WORKLOAD, done))
+
+    def _follow_eval_slice(
+        self, job: RLJob, admission: Admission, children: Children, outcome: Outcome, *, now: datetime
+    ) -> None:
+        """An admitted job's eval side follows its eval slice: grown when Kueue admits the slice,
+        shrunk when it evicts it (the quota released once the extra eval pods are gone)."""
+        assert self.kueue is not None
+        wanted = within_admission([render_eval_statefulset(job, self.settings.render)], admission)[0]
+        replicas = int(wanted["spec"]["replicas"])
+        if children.eval.desired != replicas:
+            self._apply(self._placed(render_eval_statefulset(job, self.settings.render), admission))
+            outcome.events.append(
+                Event(
+                    "Normal",
+                    EventReason.SCALED,
+                    f"eval replicas set to {replicas} of {job.spec.evaluator.replicas}: "
+                    "as many as Kueue admitted",
+                )
+            )
+        extension = admission.eval_slice
+        if extension is not None and extension.state is QueueState.PREEMPTED:
+            base = replicas  # the slice no longer counts: what the job's own Workload admitted
+            selector = f"{c.LABEL_JOB}={job.name},{c.LABEL_ROLE}={Role.EVAL.value}"
+            pods = len(self.kube.list("v1", "Pod", job.namespace, label_selector=selector))
+            done = self.kueue.release_eval_slice(job, eval_pods=pods, base_eval=base, now=now)
+            if done:
+                outcome.events.append(Event("Normal", EventReason.KUEUE_WORKLOAD, done))
 
     def _delete_expired(self, job: RLJob, ttl: int | None, outcome: Outcome) -> None:
         """Delete a finished job whose ``ttlSecondsAfterFinished`` ran out (recorded in ``outcome``)."""
@@ -447,3 +595,18 @@ def _role(sts: Mapping[str, Any] | None) -> RoleObservation:
         current=int(status.get("replicas") or 0),
         ready=int(status.get("readyReplicas") or 0),
     )
+
+
+#: Suspended-condition transitions a Kueue decision explains better (rlkube_operator.kueue_workload).
+_SUSPENSION_REASONS = frozenset({"JobSuspended", "JobResumed"})
+
+
+def _held(admission: Admission | None) -> bool:
+    """Whether Kueue holds the job at zero (queued, evicted, or its Workload finished)."""
+    return admission is not None and not admission.runs
+
+
+def _as_suspended(job: RLJob) -> RLJob:
+    """The job as if ``runPolicy.suspend`` were true: what its status says while Kueue holds it."""
+    policy = job.spec.run_policy.model_copy(update={"suspend": True})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"run_policy": policy})})

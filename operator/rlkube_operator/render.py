@@ -300,44 +300,37 @@ def render_network_policy(job: RLJob, settings: RenderSettings) -> dict[str, Any
 
 def contract_env(job: RLJob, role: Role, settings: RenderSettings) -> list[dict[str, Any]]:
     """Exactly the env contract's names for ``role``, in table order, values or downward-API refs."""
-    world = str(job.spec.trainer.replicas)
     master = c.master_addr(job.name, job.namespace)
-    static = {
-        "RLKUBE_JOB_NAME": job.name,
-        "RLKUBE_ROLE": role.value,
-        "RLKUBE_COORDINATOR_ADDR": c.coordinator_addr(job.name, job.namespace),
-        "RLKUBE_SHM_DIR": c.SHM_DIR,
-        "RLKUBE_RUN_DIR": c.RUN_DIR,
-        "RLKUBE_JOB_CONFIG": c.JOB_CONFIG_PATH,
-        "RLKUBE_BACKEND": with_pod_defaults(job, settings.pod_defaults).spec.resolved_backend().value,
-        "RLKUBE_WEIGHT_PORT": str(c.WEIGHT_PORT),
-        "RLKUBE_WEIGHT_DATA_PORT": str(c.WEIGHT_DATA_PORT),
-        "RLKUBE_METRICS_PORT": str(c.METRICS_PORT),
-        "RLKUBE_TOKEN_FILE": c.TOKEN_PATH,
-        "RLKUBE_LISTEN_HOST": c.LISTEN_ALL,
-        "WORLD_SIZE": world,
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": master,
-        "MASTER_PORT": str(c.MASTER_PORT),
-        "PET_NNODES": world,
-        "PET_NPROC_PER_NODE": "1",
-        "PET_MASTER_ADDR": master,
-        "PET_MASTER_PORT": str(c.MASTER_PORT),
-    }
-    env: list[dict[str, Any]] = []
-    for var in c.ENV_CONTRACT:
-        if role not in var.roles:
-            continue
-        if var.source.startswith("downward:"):
-            field_path = var.source.removeprefix("downward:")
-            env.append(
-                {"name": var.name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
-            )
-        elif var.name in static:
-            env.append({"name": var.name, "value": static[var.name]})
-        else:
-            raise KeyError(f"render has no value for env contract variable {var.name}")
-    return env
+    values = c.build_pod_env(
+        role,
+        job_name=job.name,
+        coordinator_addr=c.coordinator_addr(job.name, job.namespace),
+        shm_dir=c.SHM_DIR,
+        run_dir=c.RUN_DIR,
+        job_config=c.JOB_CONFIG_PATH,
+        weight_port=c.WEIGHT_PORT,
+        metrics_port=c.METRICS_PORT,
+        token_file=c.TOKEN_PATH,
+        listen_host=c.LISTEN_ALL,
+        train=c.TrainRendezvous(
+            world_size=job.spec.trainer.replicas,
+            backend=with_pod_defaults(job, settings.pod_defaults).spec.resolved_backend().value,
+            master_addr=master,
+            master_port=c.MASTER_PORT,
+            weight_data_port=c.WEIGHT_DATA_PORT,
+        )
+        if role is Role.TRAIN
+        else None,
+    )
+    return [_env_entry(var, values) for var in c.ENV_CONTRACT if role in var.roles]
+
+
+def _env_entry(var: c.EnvVar, values: dict[str, str]) -> dict[str, Any]:
+    """A value rendered from the job, or the downward-API reference Kubernetes fills in."""
+    if var.name in values:
+        return {"name": var.name, "value": values[var.name]}
+    field_path = var.source.removeprefix("downward:")
+    return {"name": var.name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
 
 
 def _resources(pod: PodSpecOverrides) -> dict[str, Any]:

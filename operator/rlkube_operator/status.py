@@ -25,11 +25,11 @@ Rules (see docs/rljob-reference.md):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -39,12 +39,13 @@ from rlkube.contract import (
     LABEL_ROLE,
     PERMANENT_FAILURES,
     CoordinatorPhase,
+    EngineFailure,
     FailureReason,
     Role,
     eval_statefulset_name,
 )
 from rlkube.run_policy import PodRestarts, RestartLedger
-from rlkube.spec import RLJob
+from rlkube.spec import RLJob, RLJobSpec
 
 
 class Phase(StrEnum):
@@ -93,11 +94,11 @@ class Reason(StrEnum):
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     EVAL_BACKOFF_LIMIT_EXCEEDED = "EvalBackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
-    TRAINING_FAILED = "TrainingFailed"
+    TRAINING_FAILED = EngineFailure.TRAINING_FAILED.value
     INVALID_SPEC = "InvalidSpec"
     NO_FAILURE = "NoFailure"
     JOB_FINISHED = "JobFinished"
-    NON_FINITE_WEIGHTS = "NonFiniteWeights"
+    NON_FINITE_WEIGHTS = EngineFailure.NON_FINITE_WEIGHTS.value
     SPEC_CHANGED = "SpecChanged"
     # What a pod's termination message says (rlkube.contract.FailureReason), and the rest.
     ENV_CONTRACT_BROKEN = FailureReason.ENV_CONTRACT_BROKEN.value
@@ -111,6 +112,10 @@ class Reason(StrEnum):
     CRASHED = FailureReason.CRASHED.value
     #: A pod failed with a reason this operator does not know (or none: the log's tail).
     POD_FAILED = "PodFailed"
+    # Kueue's decision, on Suspended (kueueIntegration RLJob: rlkube_operator.kueue_workload).
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    PREEMPTED = "Preempted"
 
 
 #: Failed for one of these, a job starts again when its spec changes (a new generation).
@@ -293,12 +298,15 @@ class CoordinatorReport:
     nodes: tuple[NodeReport, ...] = ()
     finished: bool = False
     message: str = ""
+    #: Why the coordinator failed the job (read only when ``phase`` is FAILED).
+    failure_reason: EngineFailure = EngineFailure.TRAINING_FAILED
     fingerprints_consistent: bool = True
     #: JSON name -> value: the other JobStatus figures, shown in ``status.progress`` as they are.
     shown: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", CoordinatorPhase(self.phase))  # a phase given by its name
+        object.__setattr__(self, "failure_reason", EngineFailure(self.failure_reason))
 
 
 @dataclass(frozen=True)
@@ -372,246 +380,285 @@ def derive_status(
     now: datetime,
     generation: int | None = None,
 ) -> Derived:
-    """The status the job should have now, and the transitions that lead there from ``job.status``."""
-    spec = job.spec
+    """The status the job should have now, and the transitions that lead there from ``job.status``:
+    :func:`observe`, :func:`decide`, then the status document and its conditions' flips."""
     generation = generation if generation is not None else _generation(job)
-    previous = previous_status(job.status, generation=generation)
+    observed = observe(job, children, report, now=now, generation=generation)
+    verdict = decide(observed)
     stamp = rfc3339(now)
+    previous = observed.previous
+    conditions, transitions = _merge_conditions(
+        previous.conditions, verdict.conditions, stamp=stamp, generation=generation
+    )
+    completion_time = previous.completion_time
+    if verdict.terminal and completion_time is None:
+        completion_time = stamp
+    status = RLJobStatus(
+        phase=verdict.phase,
+        message=verdict.message,
+        observed_generation=generation,
+        conditions=conditions,
+        train=observed.train,
+        eval=observed.evals,
+        progress=observed.progress,
+        start_time=observed.start_time,
+        completion_time=completion_time,
+        last_failure=observed.last_failure,
+    )
+    return Derived(status=status.dump(), transitions=tuple(transitions))
 
+
+# Detect: what was observed, in one frozen value ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything :func:`decide` reads: the spec, the status derived last time, and what the
+    children and the coordinator say now, the restart ledgers already brought up to date."""
+
+    job_name: str
+    spec: RLJobSpec
+    previous: RLJobStatus
+    report: CoordinatorReport | None
+    now: datetime
+    train: TrainStatus
+    evals: EvalStatus
+    #: Restarts per eval replica index (the ledger's own order: it names the worst replica).
+    eval_replica_restarts: Mapping[int, int]
+    progress: Progress
+    #: Whether a train rank restarted since the previous status.
+    restarted_now: bool
+    suspended: bool
+    #: Unsuspended since the previous status.
+    resumed: bool
+    start_time: str | None
+    #: Every train rank ready.
+    train_ready: bool
+    #: Every train rank ready on the current spec (a spec change's new pods).
+    train_on_new_spec: bool
+    last_failure: LastFailure | None
+    #: The oldest failure no restart can fix, if any.
+    permanent: PodFailure | None
+
+
+def observe(
+    job: RLJob,
+    children: Children,
+    report: CoordinatorReport | None,
+    *,
+    now: datetime,
+    generation: int,
+) -> Observed:
+    """What :func:`decide` needs, from the job, its previous status, its children and the report."""
+    spec = job.spec
+    previous = previous_status(job.status, generation=generation)
     train_desired = spec.trainer.replicas
-    eval_desired = spec.evaluator.replicas
     ledger = _ledger(previous.train).observe(children.train_pod_restarts)
-    restarts = ledger.group_restarts
-    restarted_now = ledger.per_rank != _ledger(previous.train).per_rank
     train = TrainStatus(
         replicas=children.train.current,
         ready_replicas=children.train.ready,
         ready=f"{children.train.ready}/{train_desired}",
-        restarts=restarts,
+        restarts=ledger.group_restarts,
         pod_restarts=dict(ledger.last_seen),
         rank_restarts={str(rank): count for rank, count in sorted(ledger.per_rank.items())},
     )
     eval_ledger = RestartLedger(
         {int(i): n for i, n in previous.eval.replica_restarts.items()}, dict(previous.eval.pod_restarts)
     ).observe(children.eval_pod_restarts)
-    eval_restarts = eval_ledger.group_restarts  # the most-restarted replica
     evals = EvalStatus(
         replicas=children.eval.current,
         ready_replicas=children.eval.ready,
-        ready=f"{children.eval.ready}/{eval_desired}",
+        ready=f"{children.eval.ready}/{spec.evaluator.replicas}",
         selector=eval_selector(job.name),
-        restarts=eval_restarts,
+        restarts=eval_ledger.group_restarts,  # the most-restarted replica
         pod_restarts=dict(eval_ledger.last_seen),
         replica_restarts={str(i): n for i, n in sorted(eval_ledger.per_rank.items())},
     )
-    progress = _progress(previous.progress, report)
-
     suspended = spec.run_policy.suspend
     resumed = not suspended and previous.phase is Phase.SUSPENDED
     start_time = previous.start_time
     if not suspended and (start_time is None or resumed):
-        start_time = stamp
+        start_time = rfc3339(now)
     train_ready = train_desired > 0 and children.train.ready >= train_desired
     current_ready = (
         children.train.ready if children.train_current_ready is None else children.train_current_ready
     )
-    train_on_new_spec = train_ready and current_ready >= train_desired
-    newest = _newest_failure(children.failures)
-    last_failure = previous.last_failure
-    if newest is not None:
-        last_failure = LastFailure(
-            reason=newest.reason,
-            message=newest.message,
-            pod=newest.pod,
-            exit_code=newest.exit_code,
-            permanent=newest.permanent,
-            time=newest.finished_at,
-        )
-    permanent = next((f for f in sorted(children.failures, key=_failure_order) if f.permanent), None)
-
-    # Terminal outcomes, most specific first; a terminal phase never changes again.
-    terminal: tuple[Phase, Reason, str] | None = None
-    if previous.phase.is_terminal():
-        old = _find(previous.conditions, ConditionType(previous.phase.value))
-        reason = old.reason if old else Reason.JOB_FINISHED
-        terminal = (previous.phase, reason, old.message if old else previous.message)
-    elif report is not None and report.phase is CoordinatorPhase.FAILED:
-        terminal = (
-            Phase.FAILED,
-            # The coordinator names a known cause as the first word of its message.
-            Reason.NON_FINITE_WEIGHTS
-            if report.message.startswith(Reason.NON_FINITE_WEIGHTS.value)
-            else Reason.TRAINING_FAILED,
-            report.message or "the coordinator reported a failure",
-        )
-    elif report is not None and (report.finished or report.phase is CoordinatorPhase.COMPLETE):
-        summary = f"trained {report.epoch} epochs, {report.env_steps} env steps"
-        if report.last_return is not None:
-            summary += f", last return {report.last_return:.1f}"
-        terminal = (Phase.COMPLETE, Reason.TRAINING_FINISHED, summary)
-    elif permanent is not None:
-        terminal = (Phase.FAILED, _failure_reason(permanent.reason), f"{permanent.pod}: {permanent.message}")
-    elif run_policy.backoff_exceeded(restarts, spec.run_policy.backoff_limit):
-        why = f"; last failure: {last_failure.reason}: {last_failure.message}" if last_failure else ""
-        terminal = (
-            Phase.FAILED,
-            Reason.BACKOFF_LIMIT_EXCEEDED,
-            run_policy.backoff_message(restarts, spec.run_policy.backoff_limit) + why,
-        )
-    elif run_policy.backoff_exceeded(eval_restarts, spec.run_policy.eval_backoff_limit):
-        replica = max(eval_ledger.per_rank, key=lambda i: eval_ledger.per_rank[i])
-        why = f"; last failure: {last_failure.reason}: {last_failure.message}" if last_failure else ""
-        terminal = (
-            Phase.FAILED,
-            Reason.EVAL_BACKOFF_LIMIT_EXCEEDED,
-            run_policy.eval_backoff_message(
-                f"{eval_statefulset_name(job.name)}-{replica}",
-                eval_restarts,
-                spec.run_policy.eval_backoff_limit,
-            )
-            + why,
-        )
-    elif (
-        not suspended
-        and spec.run_policy.active_deadline_seconds is not None
-        and run_policy.is_due(parse_time(start_time), spec.run_policy.active_deadline_seconds, now)
-    ):
-        terminal = (
-            Phase.FAILED,
-            Reason.DEADLINE_EXCEEDED,
-            run_policy.deadline_message(spec.run_policy.active_deadline_seconds),
-        )
-
-    restarting = (
-        not terminal
-        and not suspended
-        and (restarted_now or (_is_true(previous, "Restarting") and not train_on_new_spec))
-    )
-    old_restarting = _find(previous.conditions, ConditionType.RESTARTING)
-    spec_changed = (
-        restarting
-        and not restarted_now
-        and old_restarting is not None
-        and old_restarting.reason is Reason.SPEC_CHANGED
-    )
-    running = (
-        not terminal
-        and not suspended
-        and report is not None
-        and report.phase is not CoordinatorPhase.STARTING
-        and not restarting
-    )
-
-    wanted: dict[ConditionType, tuple[bool, Reason, str]] = {}
-    if suspended:
-        wanted[ConditionType.SUSPENDED] = (
-            True,
-            Reason.JOB_SUSPENDED,
-            "runPolicy.suspend is true: scaled to zero",
-        )
-    elif resumed:
-        wanted[ConditionType.SUSPENDED] = (False, Reason.JOB_RESUMED, "runPolicy.suspend is false: resumed")
-    else:
-        old = _find(previous.conditions, ConditionType.SUSPENDED)
-        reason = old.reason if old and old.status == "False" else Reason.NOT_SUSPENDED
-        wanted[ConditionType.SUSPENDED] = (False, reason, "")
-    wanted[ConditionType.TRAIN_READY] = (
-        (True, Reason.ALL_TRAIN_RANKS_READY, f"{train.ready} train ranks ready")
-        if train_ready
-        else (False, Reason.TRAIN_RANKS_NOT_READY, f"{train.ready} train ranks ready")
-    )
-    if eval_desired == 0 and children.eval.ready == 0:
-        wanted[ConditionType.EVAL_AVAILABLE] = (
-            False,
-            Reason.EVAL_SCALED_TO_ZERO,
-            "spec.evaluator.replicas is 0",
-        )
-    elif children.eval.ready > 0:
-        wanted[ConditionType.EVAL_AVAILABLE] = (
-            True,
-            Reason.EVAL_REPLICAS_AVAILABLE,
-            f"{evals.ready} eval replicas ready",
-        )
-    else:
-        wanted[ConditionType.EVAL_AVAILABLE] = (False, Reason.NO_EVAL_REPLICAS_READY, f"{evals.ready} ready")
-    if running:
-        assert report is not None
-        wanted[ConditionType.RUNNING] = (True, Reason.TRAINING, f"epoch {report.epoch}/{report.max_epochs}")
-    elif terminal:
-        wanted[ConditionType.RUNNING] = (False, Reason.JOB_FINISHED, f"the job is {terminal[0].value}")
-    elif suspended:
-        wanted[ConditionType.RUNNING] = (False, Reason.JOB_SUSPENDED, "suspended")
-    elif not train_ready:
-        wanted[ConditionType.RUNNING] = (False, Reason.WAITING_FOR_TRAIN_RANKS, f"{train.ready} ready")
-    else:
-        wanted[ConditionType.RUNNING] = (
-            False,
-            Reason.WAITING_FOR_COORDINATOR,
-            "train ranks are ready; the coordinator has not reported training yet",
-        )
-    if spec_changed:
-        assert old_restarting is not None
-        wanted[ConditionType.RESTARTING] = (True, Reason.SPEC_CHANGED, old_restarting.message)
-    elif restarting:
-        wanted[ConditionType.RESTARTING] = (
-            True,
-            Reason.TRAIN_POD_RESTARTED,
-            f"the train group restarted {restarts} times (runPolicy.backoffLimit "
-            f"{spec.run_policy.backoff_limit})",
-        )
-    elif _is_true(previous, "Restarting"):
-        wanted[ConditionType.RESTARTING] = (False, Reason.RECOVERED, "all train ranks are ready again")
-    else:
-        old = _find(previous.conditions, ConditionType.RESTARTING)
-        wanted[ConditionType.RESTARTING] = (False, old.reason if old else Reason.NO_RESTARTS, "")
-    if terminal and terminal[0] is Phase.COMPLETE:
-        wanted[ConditionType.COMPLETE] = (True, terminal[1], terminal[2])
-    else:
-        wanted[ConditionType.COMPLETE] = (False, Reason.NOT_FINISHED, "")
-    if terminal and terminal[0] is Phase.FAILED:
-        wanted[ConditionType.FAILED] = (True, terminal[1], terminal[2])
-    else:
-        wanted[ConditionType.FAILED] = (False, Reason.NO_FAILURE, "")
-
-    conditions, transitions = _merge_conditions(
-        previous.conditions, wanted, stamp=stamp, generation=generation
-    )
-
-    if terminal:
-        phase, message = terminal[0], terminal[2]
-    elif suspended:
-        phase, message = Phase.SUSPENDED, wanted[ConditionType.SUSPENDED][2]
-    elif restarting:
-        phase, message = Phase.RESTARTING, wanted[ConditionType.RESTARTING][2]
-    elif running:
-        phase, message = Phase.RUNNING, wanted[ConditionType.RUNNING][2]
-    else:
-        phase, message = Phase.PENDING, wanted[ConditionType.RUNNING][2]
-
-    completion_time = previous.completion_time
-    if terminal and completion_time is None:
-        completion_time = stamp
-    status = RLJobStatus(
-        phase=phase,
-        message=message,
-        observed_generation=generation,
-        conditions=conditions,
+    return Observed(
+        job_name=job.name,
+        spec=spec,
+        previous=previous,
+        report=report,
+        now=now,
         train=train,
-        eval=evals,
-        progress=progress,
+        evals=evals,
+        eval_replica_restarts=dict(eval_ledger.per_rank),
+        progress=_progress(previous.progress, report),
+        restarted_now=ledger.per_rank != _ledger(previous.train).per_rank,
+        suspended=suspended,
+        resumed=resumed,
         start_time=start_time,
-        completion_time=completion_time,
-        last_failure=last_failure,
+        train_ready=train_ready,
+        train_on_new_spec=train_ready and current_ready >= train_desired,
+        last_failure=_last_failure(previous.last_failure, children.failures),
+        permanent=next((f for f in sorted(children.failures, key=_failure_order) if f.permanent), None),
     )
-    return Derived(status=status.dump(), transitions=tuple(transitions))
+
+
+def _last_failure(previous: LastFailure | None, failures: tuple[PodFailure, ...]) -> LastFailure | None:
+    newest = max(failures, key=_failure_order, default=None)
+    if newest is None:
+        return previous
+    return LastFailure(
+        reason=newest.reason,
+        message=newest.message,
+        pod=newest.pod,
+        exit_code=newest.exit_code,
+        permanent=newest.permanent,
+        time=newest.finished_at,
+    )
 
 
 def _failure_order(failure: PodFailure) -> tuple[str, str]:
     return (failure.finished_at or "", failure.pod)
 
 
-def _newest_failure(failures: tuple[PodFailure, ...]) -> PodFailure | None:
-    return max(failures, key=_failure_order, default=None)
+# Decide: one frozen verdict ------------------------------------------------------------------
+
+
+class Wanted(NamedTuple):
+    """What one condition should say now."""
+
+    true: bool
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """A terminal outcome: the job is Complete or Failed, and stays so."""
+
+    phase: Phase
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`decide` concluded: the phase, its message and what each condition says."""
+
+    phase: Phase
+    message: str
+    terminal: Terminal | None
+    conditions: Mapping[ConditionType, Wanted]
+
+
+def decide(observed: Observed) -> Verdict:
+    """The phase and conditions that ``observed`` calls for: the first terminal rule that holds
+    (:data:`TERMINAL_RULES`), else restarting, running or waiting. Pure."""
+    terminal = next((t for rule in TERMINAL_RULES if (t := rule(observed)) is not None), None)
+    restarting = _is_restarting(observed, terminal)
+    running = _is_running(observed, terminal, restarting)
+    conditions = {
+        ConditionType.SUSPENDED: _suspended_condition(observed),
+        ConditionType.TRAIN_READY: _train_ready_condition(observed),
+        ConditionType.EVAL_AVAILABLE: _eval_available_condition(observed),
+        ConditionType.RUNNING: _running_condition(observed, terminal, running),
+        ConditionType.RESTARTING: _restarting_condition(observed, restarting),
+        ConditionType.COMPLETE: _terminal_condition(terminal, Phase.COMPLETE, Reason.NOT_FINISHED),
+        ConditionType.FAILED: _terminal_condition(terminal, Phase.FAILED, Reason.NO_FAILURE),
+    }
+    if terminal:
+        phase, message = terminal.phase, terminal.message
+    elif observed.suspended:
+        phase, message = Phase.SUSPENDED, conditions[ConditionType.SUSPENDED].message
+    elif restarting:
+        phase, message = Phase.RESTARTING, conditions[ConditionType.RESTARTING].message
+    elif running:
+        phase, message = Phase.RUNNING, conditions[ConditionType.RUNNING].message
+    else:
+        phase, message = Phase.PENDING, conditions[ConditionType.RUNNING].message
+    return Verdict(phase=phase, message=message, terminal=terminal, conditions=conditions)
+
+
+# The terminal rules, most specific first; a terminal phase never changes again.
+
+
+def _stays_terminal(o: Observed) -> Terminal | None:
+    previous = o.previous
+    if not previous.phase.is_terminal():
+        return None
+    old = _find(previous.conditions, ConditionType(previous.phase.value))
+    if old is None:
+        return Terminal(previous.phase, Reason.JOB_FINISHED, previous.message)
+    return Terminal(previous.phase, old.reason, old.message)
+
+
+def _coordinator_failed(o: Observed) -> Terminal | None:
+    if o.report is None or o.report.phase is not CoordinatorPhase.FAILED:
+        return None
+    # The cause travels as an enum (JobStatus.failure_reason); the message only says it.
+    reason = Reason(o.report.failure_reason.value)
+    return Terminal(Phase.FAILED, reason, o.report.message or "the coordinator reported a failure")
+
+
+def _training_finished(o: Observed) -> Terminal | None:
+    report = o.report
+    if report is None or not (report.finished or report.phase is CoordinatorPhase.COMPLETE):
+        return None
+    summary = f"trained {report.epoch} epochs, {report.env_steps} env steps"
+    if report.last_return is not None:
+        summary += f", last return {report.last_return:.1f}"
+    return Terminal(Phase.COMPLETE, Reason.TRAINING_FINISHED, summary)
+
+
+def _permanent_pod_failure(o: Observed) -> Terminal | None:
+    failure = o.permanent
+    if failure is None:
+        return None
+    return Terminal(Phase.FAILED, _failure_reason(failure.reason), f"{failure.pod}: {failure.message}")
+
+
+def _backoff_limit_exceeded(o: Observed) -> Terminal | None:
+    limit = o.spec.run_policy.backoff_limit
+    if not run_policy.backoff_exceeded(o.train.restarts, limit):
+        return None
+    message = run_policy.backoff_message(o.train.restarts, limit)
+    return Terminal(Phase.FAILED, Reason.BACKOFF_LIMIT_EXCEEDED, message + _last_failure_note(o))
+
+
+def _eval_backoff_limit_exceeded(o: Observed) -> Terminal | None:
+    limit = o.spec.run_policy.eval_backoff_limit
+    if not run_policy.backoff_exceeded(o.evals.restarts, limit):
+        return None
+    per_replica = o.eval_replica_restarts
+    replica = max(per_replica, key=lambda i: per_replica[i])
+    pod = f"{eval_statefulset_name(o.job_name)}-{replica}"
+    message = run_policy.eval_backoff_message(pod, o.evals.restarts, limit)
+    return Terminal(Phase.FAILED, Reason.EVAL_BACKOFF_LIMIT_EXCEEDED, message + _last_failure_note(o))
+
+
+def _deadline_exceeded(o: Observed) -> Terminal | None:
+    deadline = o.spec.run_policy.active_deadline_seconds
+    if o.suspended or deadline is None or not run_policy.is_due(parse_time(o.start_time), deadline, o.now):
+        return None
+    return Terminal(Phase.FAILED, Reason.DEADLINE_EXCEEDED, run_policy.deadline_message(deadline))
+
+
+#: Tried in order by :func:`decide`; the first that holds ends the job.
+TERMINAL_RULES: tuple[Callable[[Observed], Terminal | None], ...] = (
+    _stays_terminal,
+    _coordinator_failed,
+    _training_finished,
+    _permanent_pod_failure,
+    _backoff_limit_exceeded,
+    _eval_backoff_limit_exceeded,
+    _deadline_exceeded,
+)
+
+
+def _last_failure_note(o: Observed) -> str:
+    failure = o.last_failure
+    return f"; last failure: {failure.reason}: {failure.message}" if failure else ""
 
 
 def _failure_reason(reason: str) -> Reason:
@@ -619,6 +666,96 @@ def _failure_reason(reason: str) -> Reason:
         return Reason(reason)
     except ValueError:
         return Reason.POD_FAILED
+
+
+# What is going on when nothing terminal holds.
+
+
+def _is_restarting(o: Observed, terminal: Terminal | None) -> bool:
+    if terminal or o.suspended:
+        return False
+    return o.restarted_now or (_is_true(o.previous, "Restarting") and not o.train_on_new_spec)
+
+
+def _is_running(o: Observed, terminal: Terminal | None, restarting: bool) -> bool:
+    return (
+        not terminal
+        and not o.suspended
+        and o.report is not None
+        and o.report.phase is not CoordinatorPhase.STARTING
+        and not restarting
+    )
+
+
+# One function per condition.
+
+
+def _suspended_condition(o: Observed) -> Wanted:
+    if o.suspended:
+        return Wanted(True, Reason.JOB_SUSPENDED, "runPolicy.suspend is true: scaled to zero")
+    if o.resumed:
+        return Wanted(False, Reason.JOB_RESUMED, "runPolicy.suspend is false: resumed")
+    old = _find(o.previous.conditions, ConditionType.SUSPENDED)
+    return Wanted(False, old.reason if old and old.status == "False" else Reason.NOT_SUSPENDED, "")
+
+
+def _train_ready_condition(o: Observed) -> Wanted:
+    message = f"{o.train.ready} train ranks ready"
+    if o.train_ready:
+        return Wanted(True, Reason.ALL_TRAIN_RANKS_READY, message)
+    return Wanted(False, Reason.TRAIN_RANKS_NOT_READY, message)
+
+
+def _eval_available_condition(o: Observed) -> Wanted:
+    ready = o.evals.ready_replicas
+    if o.spec.evaluator.replicas == 0 and ready == 0:
+        return Wanted(False, Reason.EVAL_SCALED_TO_ZERO, "spec.evaluator.replicas is 0")
+    if ready > 0:
+        return Wanted(True, Reason.EVAL_REPLICAS_AVAILABLE, f"{o.evals.ready} eval replicas ready")
+    return Wanted(False, Reason.NO_EVAL_REPLICAS_READY, f"{o.evals.ready} ready")
+
+
+def _running_condition(o: Observed, terminal: Terminal | None, running: bool) -> Wanted:
+    if running:
+        assert o.report is not None
+        return Wanted(True, Reason.TRAINING, f"epoch {o.report.epoch}/{o.report.max_epochs}")
+    if terminal:
+        return Wanted(False, Reason.JOB_FINISHED, f"the job is {terminal.phase.value}")
+    if o.suspended:
+        return Wanted(False, Reason.JOB_SUSPENDED, "suspended")
+    if not o.train_ready:
+        return Wanted(False, Reason.WAITING_FOR_TRAIN_RANKS, f"{o.train.ready} ready")
+    return Wanted(
+        False,
+        Reason.WAITING_FOR_COORDINATOR,
+        "train ranks are ready; the coordinator has not reported training yet",
+    )
+
+
+def _restarting_condition(o: Observed, restarting: bool) -> Wanted:
+    old = _find(o.previous.conditions, ConditionType.RESTARTING)
+    if restarting and not o.restarted_now and old is not None and old.reason is Reason.SPEC_CHANGED:
+        return Wanted(True, Reason.SPEC_CHANGED, old.message)  # until every rank runs the new spec
+    if restarting:
+        return Wanted(
+            True,
+            Reason.TRAIN_POD_RESTARTED,
+            f"the train group restarted {o.train.restarts} times (runPolicy.backoffLimit "
+            f"{o.spec.run_policy.backoff_limit})",
+        )
+    if _is_true(o.previous, "Restarting"):
+        return Wanted(False, Reason.RECOVERED, "all train ranks are ready again")
+    return Wanted(False, old.reason if old else Reason.NO_RESTARTS, "")
+
+
+def _terminal_condition(terminal: Terminal | None, phase: Phase, otherwise: Reason) -> Wanted:
+    """``Complete`` or ``Failed``: true with the terminal rule's reason when it ended the job so."""
+    if terminal and terminal.phase is phase:
+        return Wanted(True, terminal.reason, terminal.message)
+    return Wanted(False, otherwise, "")
+
+
+# Other derivations ---------------------------------------------------------------------------
 
 
 def spec_change_status(
@@ -631,13 +768,13 @@ def spec_change_status(
     previous = read_status(previous_raw)
     message = f"{', '.join(fields)} changed: the train pods are replaced and training restarts"
     wanted = {
-        c.type: (c.status == "True", c.reason, c.message)
+        c.type: Wanted(c.status == "True", c.reason, c.message)
         for c in previous.conditions
         if c.type in CONDITION_ORDER
     }
     for ctype in CONDITION_ORDER:
-        wanted.setdefault(ctype, (False, _default_reason(ctype), ""))
-    wanted[ConditionType.RESTARTING] = (True, Reason.SPEC_CHANGED, message)
+        wanted.setdefault(ctype, Wanted(False, _default_reason(ctype), ""))
+    wanted[ConditionType.RESTARTING] = Wanted(True, Reason.SPEC_CHANGED, message)
     conditions, transitions = _merge_conditions(
         previous.conditions, wanted, stamp=rfc3339(now), generation=generation
     )
@@ -670,10 +807,12 @@ def invalid_spec_status(
     previous = previous_status(previous_raw, generation=generation)
     message = "; ".join(problems)
     wanted = {
-        ctype: (False, Reason.INVALID_SPEC if ctype is ConditionType.RUNNING else _default_reason(ctype), "")
+        ctype: Wanted(
+            False, Reason.INVALID_SPEC if ctype is ConditionType.RUNNING else _default_reason(ctype), ""
+        )
         for ctype in CONDITION_ORDER
     }
-    wanted[ConditionType.FAILED] = (True, Reason.INVALID_SPEC, message)
+    wanted[ConditionType.FAILED] = Wanted(True, Reason.INVALID_SPEC, message)
     stamp = rfc3339(now)
     conditions, transitions = _merge_conditions(
         previous.conditions, wanted, stamp=stamp, generation=generation
@@ -704,7 +843,7 @@ def _default_reason(ctype: ConditionType) -> Reason:
 
 def _merge_conditions(
     previous: list[Condition],
-    wanted: Mapping[ConditionType, tuple[bool, Reason, str]],
+    wanted: Mapping[ConditionType, Wanted],
     *,
     stamp: str,
     generation: int,

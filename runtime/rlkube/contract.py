@@ -169,6 +169,101 @@ def contract_names(role: Role) -> tuple[str, ...]:
     return tuple(var.name for var in ENV_CONTRACT if role in var.roles)
 
 
+# Writing the contract: the one pod-env builder --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodIdentity:
+    """What the downward API fills in a cluster (the ``downward:`` rows); a launcher without one
+    (``rlkube run``) supplies it."""
+
+    namespace: str
+    replica_index: int
+    pod_name: str
+    node_name: str
+
+
+@dataclass(frozen=True)
+class TrainRendezvous:
+    """The values only train ranks get: how they find each other."""
+
+    world_size: int
+    backend: str
+    master_addr: str
+    master_port: int
+    #: 0: the kernel picks it (receivers learn it over gRPC).
+    weight_data_port: int
+
+
+def build_pod_env(
+    role: Role,
+    *,
+    job_name: str,
+    coordinator_addr: str,
+    shm_dir: str,
+    run_dir: str,
+    job_config: str,
+    weight_port: int,
+    metrics_port: int,
+    token_file: str,
+    listen_host: str,
+    train: TrainRendezvous | None,
+    identity: PodIdentity | None = None,
+) -> dict[str, str]:
+    """The contract's values for a pod of ``role``, in table order: each caller (the operator's
+    render, the local launcher) supplies only its own values; how they map to names (``RANK`` and
+    ``PET_NODE_RANK`` are the replica index, the ``PET_*`` rendezvous names repeat the torch ones)
+    is spelt here. Without ``identity`` the ``downward:`` rows are left out, for the downward API
+    to fill; ``train`` is required for a train pod."""
+    values: dict[str, str] = {
+        "RLKUBE_JOB_NAME": job_name,
+        "RLKUBE_ROLE": role.value,
+        "RLKUBE_COORDINATOR_ADDR": coordinator_addr,
+        "RLKUBE_SHM_DIR": shm_dir,
+        "RLKUBE_RUN_DIR": run_dir,
+        "RLKUBE_JOB_CONFIG": job_config,
+        "RLKUBE_WEIGHT_PORT": str(weight_port),
+        "RLKUBE_METRICS_PORT": str(metrics_port),
+        "RLKUBE_TOKEN_FILE": token_file,
+        "RLKUBE_LISTEN_HOST": listen_host,
+        "LOCAL_RANK": "0",  # one process per pod
+        "PET_NPROC_PER_NODE": "1",
+    }
+    if identity is not None:
+        index = str(identity.replica_index)
+        values |= {
+            "RLKUBE_NAMESPACE": identity.namespace,
+            "RLKUBE_REPLICA_INDEX": index,
+            "RLKUBE_POD_NAME": identity.pod_name,
+            "RLKUBE_NODE_NAME": identity.node_name,
+            "RANK": index,
+            "PET_NODE_RANK": index,
+        }
+    if train is not None:
+        world, port = str(train.world_size), str(train.master_port)
+        values |= {
+            "RLKUBE_BACKEND": train.backend,
+            "RLKUBE_WEIGHT_DATA_PORT": str(train.weight_data_port),
+            "WORLD_SIZE": world,
+            "MASTER_ADDR": train.master_addr,
+            "MASTER_PORT": port,
+            "PET_NNODES": world,
+            "PET_MASTER_ADDR": train.master_addr,
+            "PET_MASTER_PORT": port,
+        }
+    elif role is Role.TRAIN:
+        raise ValueError("a train pod's env needs its rendezvous (train=TrainRendezvous(...))")
+    env: dict[str, str] = {}
+    for var in ENV_CONTRACT:
+        if role not in var.roles:
+            continue
+        if var.name in values:
+            env[var.name] = values[var.name]
+        elif not (identity is None and var.source.startswith("downward:")):
+            raise KeyError(f"no value for env contract variable {var.name}")
+    return env
+
+
 # Naming of the job's objects, shared by render.py and the launcher -----------------------------
 
 
@@ -341,8 +436,18 @@ class CoordinatorPhase(StrEnum):
     STARTING = "Starting"
     RUNNING = "Running"
     COMPLETE = "Complete"
-    #: The status message says why.
+    #: :class:`EngineFailure` names why; the status message says it.
     FAILED = "Failed"
+
+
+class EngineFailure(StrEnum):
+    """Why rank 0's engine failed the job: ``JobStatus.EngineFailure`` on the wire, value for value
+    by name, and the reason of the RLJob's ``Failed`` condition (never read from the message)."""
+
+    #: No cause of its own: the message says what happened.
+    TRAINING_FAILED = "TrainingFailed"
+    #: A training step left NaN or Inf in the weights; they were not published.
+    NON_FINITE_WEIGHTS = "NonFiniteWeights"
 
 
 # Why a pod stopped: its termination message ----------------------------------------------------

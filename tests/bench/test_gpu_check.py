@@ -53,7 +53,7 @@ def test_forced_cpu_fallbacks_run_every_section_and_end_with_one_table() -> None
     assert float(lines["halfcheetah"]["gpu_over_cpu"]) > 0
     checkpoint = lines["checkpoint"]
     assert int(checkpoint["resumed_from_epoch"]) >= int(checkpoint["killed_after_epoch"])
-    assert checkpoint["epochs"] == "4"
+    assert int(checkpoint["epochs"]) == int(checkpoint["resumed_from_epoch"]) + 2
     table = out[out.index("section  ") :]
     for section in ("packages", "backend", "placement", "weights-4", "cartpole", "halfcheetah", "checkpoint"):
         assert re.search(rf"^{section} +PASS ", table, re.M), table

@@ -1,90 +1,118 @@
-"""Cluster-in-a-box (testing tier 4): the API emulator with the process kubelet; helpers to watch it.
+"""Cluster-in-a-box (testing tier 4): the real control plane with node agents that run pods as
+processes of this machine (``rlkube_devcluster.real_cluster``), and helpers to watch it.
 
-Pods here are real processes of this machine. Tests read them through kubectl and through the
-kubelet's own view (``ProcessKubelet.processes`` on the emulator's loop), never through sleeps.
+One cluster serves the whole run (``real_cluster`` in tests/conftest.py); each test gets a
+namespace of its own, deleted after it. Tests read pods through kubectl and through the node
+agents' own view (:meth:`RealCluster.processes`), never through sleeps.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rlkube.launch.processes import RestartBackOff
-from rlkube_devcluster.emulator.cluster import EmulatedCluster
-from rlkube_devcluster.emulator.store import WatchEvent
-from rlkube_devcluster.kubelet.process_kubelet import ProcessKubelet
+import yaml
 from rlkube_devcluster.operator_process import OperatorProcess
+from rlkube_devcluster.real_cluster import RealCluster
 
-from tests.operator.conftest import Kubectl
-from tests.operator.harness import ROOT
+from tests.conftest import delete_namespace
+from tests.operator.conftest import Kubectl, new_namespace
+from tests.operator.harness import Seen, Watch
+
+__all__ = ["Box", "Seen"]
 
 _COUNTER = itertools.count()
 
 
-@dataclass(frozen=True)
-class Seen:
-    at: float  # time.monotonic() when stored
-    type: str  # ADDED | MODIFIED | DELETED
-    obj: dict[str, Any]
-
-
 @dataclass
 class Box:
-    cluster: EmulatedCluster
-    kubelet: ProcessKubelet
-    workdir: Path
+    cluster: RealCluster
+    watches: list[Watch] = field(default_factory=list)
+
+    @property
+    def workdir(self) -> Path:
+        return self.cluster.workdir
 
     def processes(self, namespace: str) -> dict[str, dict[str, Any]]:
-        """pod name -> pid, restarts, node, as the kubelet sees them now."""
-        found = self.cluster.call(self.kubelet.processes)
-        return {name: info for (ns, name), info in found.items() if ns == namespace}
+        """pod name -> pid, restarts, node, as the node agents see them now."""
+        return {name: info for (ns, name), info in self.cluster.processes().items() if ns == namespace}
 
     def claim(self, namespace: str, name: str) -> Path:
         """The directory of PersistentVolumeClaim ``name``."""
         return self.workdir / "claims" / namespace / name
 
-    def record(self, kind: str) -> list[Seen]:
-        """From now on, every write of ``kind`` objects as the API server stored it, in order."""
-        seen: list[Seen] = []
+    def pod_dirs(self, namespace: str, prefix: str) -> list[Path]:
+        """The node agents' directories of the namespace's pods whose names start with ``prefix``."""
+        return sorted(self.workdir.glob(f"nodes/*/disk/pods/{namespace}_{prefix}*"))
 
-        def listen(rtype: Any, event: WatchEvent) -> None:
-            if rtype.kind == kind:
-                seen.append(Seen(time.monotonic(), event.type, event.obj))
+    def container_logs(self, namespace: str, pod: str) -> list[Path]:
+        """The log file of each start of the pod's container, oldest first."""
+        found = self.workdir.glob(f"nodes/*/logs/{namespace}_{pod}_*/*.log")
+        return sorted(found, key=lambda p: int(p.stem))
 
-        self.cluster.call(lambda: self.cluster.store_call().listeners.append(listen))
-        return seen
+    def provide_claim(self, k: Kubectl, name: str) -> Path:
+        """A PersistentVolumeClaim ``name`` bound to a PersistentVolume of its own, as on a cluster
+        without a provisioner (the scheduler binds no pod whose claim is unbound); its directory."""
+        volume = f"{k.namespace}-{name}"
+        claim = self.claim(k.namespace, name)
+        documents = [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "hostPath": {"path": str(claim)},
+                    "claimRef": {"namespace": k.namespace, "name": name},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, "namespace": k.namespace},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        ]
+        k("apply", "-f", "-", input=yaml.safe_dump_all(documents))
+        return claim
 
+    def record(self, k: Kubectl, kind: str) -> list[Seen]:
+        """From now on, every version of the namespace's ``kind`` objects the API server sends, in order."""
+        watch = Watch(self.cluster.kubeconfig, k.namespace, kind)
+        self.watches.append(watch)
+        return watch.seen
 
-def start_box(workdir: Path, **kubelet_options: Any) -> Box:
-    options = {
-        "nodes": 2,
-        "backoff": RestartBackOff(initial=0.5, cap=2.0, reset_after=60.0),
-        "max_grace": 10.0,
-        **kubelet_options,
-    }
-    kubelet = ProcessKubelet(workdir, **options)
-    cluster = EmulatedCluster(workdir, kubelet=kubelet, crds=[ROOT / "crds" / "rljob.yaml"]).start()
-    return Box(cluster, kubelet, workdir)
+    def stop_watches(self) -> None:
+        while self.watches:
+            self.watches.pop().stop()
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
-    started = start_box(tmp_path_factory.mktemp("box"))
+def box(real_cluster: RealCluster) -> Iterator[Box]:
+    started = Box(real_cluster)
     yield started
-    started.cluster.stop()
+    started.stop_watches()
 
 
 @pytest.fixture
-def k(box: Box) -> Kubectl:
+def k(box: Box) -> Iterator[Kubectl]:
+    """A namespace of the test's own, deleted (without waiting) after it: its pods stop."""
     name = f"b{next(_COUNTER)}"
-    box.cluster.create_namespace(name)
-    return Kubectl(box.cluster, name)
+    new_namespace(box.cluster.plane, name)
+    yield Kubectl(box.cluster.plane, name)
+    delete_namespace(box.cluster.kubeconfig, name)
 
 
 def alive(pid: int) -> bool:
@@ -143,10 +171,6 @@ def statefulset(
     }
 
 
-def pod(k: Kubectl, name: str) -> dict[str, Any] | None:
-    return k.get("pod", name)
-
-
 def running_pods(k: Kubectl, count: int) -> dict[str, dict[str, Any]] | None:
     """The namespace's pods when exactly ``count`` are Running and Ready, else None."""
     pods = json.loads(k("get", "pods", "-o", "json").stdout)["items"]
@@ -159,11 +183,11 @@ def running_pods(k: Kubectl, count: int) -> dict[str, dict[str, Any]] | None:
     return ready if len(ready) == count == len(pods) else None
 
 
-def start_operator(box: Box) -> OperatorProcess:
+def start_operator(box: Box, log: str = "operator.log") -> OperatorProcess:
     """The real operator on ``box``, refreshing status every second (coordinator calls time out in 2 s)."""
     return OperatorProcess(
-        box.cluster.operator_kubeconfig,
-        socket_dir=box.kubelet.socket_dir,
-        log=box.workdir / "operator.log",
+        box.cluster.kubeconfig,
+        socket_dir=box.cluster.socket_dir,  # the node agents' coordinator proxies: <ns>.<job>.sock
+        log=box.workdir / log,
         env={"RLKUBE_STATUS_INTERVAL": "1", "RLKUBE_COORDINATOR_TIMEOUT": "2"},
     ).start()

@@ -1,6 +1,6 @@
 """The operator fails the 4-rank job whose rank 1 always crashes after the same number of crashes
-as ``rlkube run`` does (tests/run_policy/test_backoff_agrees.py): the real operator, the process
-kubelet running the pods, the runtime's own crash.
+as ``rlkube run`` does (tests/run_policy/test_backoff_agrees.py): the real operator, the node
+agents running the pods, the runtime's own crash.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def restarts_in(message: str) -> int:
 
 @pytest.fixture(scope="module")
 def operator(box: Box) -> Iterator[OperatorProcess]:
-    process = start_operator(box)
+    process = start_operator(box, "operator-backoff.log")
     yield process
     process.stop()
 

@@ -20,7 +20,7 @@ import pytest
 from rlkube import contract as c
 from rlkube.contract import Role, read_pod_env
 from rlkube.spec import parse_job
-from rlkube_devcluster.emulator.controllers import StatefulSetController, pod_environment, template_revision
+from rlkube_devcluster.kubelet.downward import pod_environment
 from rlkube_devcluster.kubelet.podnet import JobPorts, ServiceProxy, cluster_addresses
 from rlkube_devcluster.kubelet.sandbox import (
     IMAGE_ENTRYPOINT,
@@ -46,11 +46,29 @@ def job(**spec: Any) -> Any:
 
 
 def pod_of(sts: dict[str, Any], ordinal: int, node: str) -> dict[str, Any]:
-    sts = {**sts, "metadata": {**sts["metadata"], "uid": "sts-uid"}}
-    pod = StatefulSetController._pod(sts, ordinal, template_revision(sts))
-    pod["metadata"].update(namespace="rl", uid=f"pod-{ordinal}")
-    pod["spec"]["nodeName"] = node
-    return pod
+    """Pod ``ordinal`` of ``sts`` as the StatefulSet controller makes it, bound to ``node``."""
+    template = copy.deepcopy(sts["spec"]["template"])
+    name = f"{sts['metadata']['name']}-{ordinal}"
+    labels = {**template["metadata"].get("labels", {}), c.LABEL_POD_INDEX: str(ordinal)}
+    labels["statefulset.kubernetes.io/pod-name"] = name
+    spec = {
+        **template["spec"],
+        "hostname": name,
+        "subdomain": sts["spec"].get("serviceName"),
+        "nodeName": node,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "rl",
+            "uid": f"pod-{ordinal}",
+            "labels": labels,
+            "annotations": template["metadata"].get("annotations", {}),
+        },
+        "spec": spec,
+    }
 
 
 def node(tmp_path: Path, name: str) -> Node:

@@ -1,5 +1,6 @@
 """End to end on the cluster-in-a-box: kubectl applies a CartPole RLJob, the real operator creates its
-StatefulSets, the process kubelet runs their pods (``rlkube pod``), training reaches ``Complete``.
+StatefulSets, the real control plane makes and binds their pods, the node agents run them
+(``rlkube pod``), training reaches ``Complete``.
 
 The job is small (two train ranks, 4 envs, 512 steps an epoch) but long enough in epochs that a
 ``kubectl scale`` after the first epochs lands while it trains. Every wait polls with a generous
@@ -29,7 +30,7 @@ from rlkube.security.grpc_auth import open_channel
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.box.conftest import Box, Seen, alive, pid_of
+from tests.box.conftest import Box, Seen, alive, pid_of, start_operator
 from tests.operator.conftest import Kubectl
 from tests.operator.harness import kubectl
 from tests.runtime.slow_env import ENV_ID as SLOW_ENV
@@ -68,12 +69,7 @@ JOB: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def operator(box: Box) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(
-        box.cluster.operator_kubeconfig,
-        socket_dir=box.kubelet.socket_dir,  # the kubelet's coordinator proxies: <ns>.<job>.sock
-        log=box.workdir / "operator.log",
-        env={"RLKUBE_STATUS_INTERVAL": "1", "RLKUBE_COORDINATOR_TIMEOUT": "2"},
-    ).start()
+    process = start_operator(box, "operator-rljob.log")
     yield process
     process.stop()
 
@@ -88,7 +84,7 @@ def coordinator_status(box: Box, k: Kubectl) -> pb.JobStatus | None:
     """GetStatus through the same address the operator uses, with the job's credential."""
     secret = json.loads(k("get", "secret", f"{NAME}-credential", "-o", "json").stdout)
     token = base64.b64decode(secret["data"]["token"]).decode().strip()
-    target = box.kubelet.coordinator_target(k.namespace, NAME)
+    target = box.cluster.coordinator_target(k.namespace, NAME)
     with open_channel(target, Credential.of_token(token)) as channel:
         try:
             return pb_grpc.PolicyGroupStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
@@ -118,7 +114,7 @@ def first(events: list[Seen], phase: str) -> float:
 def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_without_restarting_training(
     box: Box, k: Kubectl, operator: OperatorProcess
 ) -> None:
-    events = box.record("RLJob")
+    events = box.record(k, "rlj")
     # CartPole with 2 ms steps (an epoch takes at least 1 s with one worker): however fast the
     # machine, training lasts longer than the scaled workers take to start and register.
     # The env's hold file is the handshake that the scale lands mid-run: while it exists rollouts wait.
@@ -143,7 +139,9 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     before = train_pods(k)
     assert len(before) == 2
     train_generation = k.get("statefulset", f"{NAME}-train")["metadata"]["generation"]
-    ports = box.cluster.call(lambda: box.kubelet.networks.get(k.namespace, NAME))
+    assert box.cluster.networks is not None
+    ports = box.cluster.networks.get(k.namespace, NAME)
+    assert ports is not None
     # The Shared strategy's hostPath init container is skipped, and says so.
     init = k.get("pod", f"{NAME}-eval-0")["status"]["initContainerStatuses"][0]
     assert init["state"]["terminated"]["reason"] == "Completed"
@@ -204,7 +202,7 @@ def test_a_cartpole_rljob_trains_to_complete_and_a_mid_run_scale_adds_workers_wi
     # cleanPodPolicy All: both StatefulSets go to zero and every process stops.
     wait_for(lambda: not box.processes(k.namespace), timeout=120, what="every pod's processes gone")
     # ... and the job's ports and coordinator proxy with them.
-    wait_for(lambda: not box.kubelet.coordinator_socket(k.namespace, NAME).exists(), what="the proxy gone")
+    wait_for(lambda: not box.cluster.coordinator_socket(k.namespace, NAME).exists(), what="the proxy gone")
     for port in (ports.coordinator, ports.master, *ports.weights.values()):
         with socket.socket() as probe:
             # SO_REUSEADDR: connections closed a moment ago may linger in TIME_WAIT; a listener may not.
@@ -232,7 +230,7 @@ def test_a_killed_train_rank_restarts_in_its_pod_and_the_job_resumes_from_its_ch
         what="epoch 6",
     )
     killed = k.get("pod", f"{NAME}-train-1")
-    seen = box.record("Pod")  # every write of a pod, in order: the first restart's status among them
+    seen = box.record(k, "pods")  # every write of a pod, in order: the first restart's status among them
     os.kill(pid_of(killed), signal.SIGKILL)
 
     # The kubelet restarts the container in the same pod (rank 0 fails with it: its peer is gone).
@@ -275,9 +273,7 @@ def test_a_killed_train_rank_restarts_in_its_pod_and_the_job_resumes_from_its_ch
     assert final["train"]["restarts"] >= 1
     # Rank 0 came back from the newest checkpoint of its run directory (its pod's emptyDir). Its pod
     # is gone by now (cleanPodPolicy); the kubelet's log files of every container start remain.
-    logs = sorted(
-        (box.workdir / "logs").glob(f"{k.namespace}_{NAME}-train-0_*/*.log"), key=lambda p: int(p.stem)
-    )
+    logs = box.container_logs(k.namespace, f"{NAME}-train-0")
     assert len(logs) >= 2, logs
     log = logs[-1].read_text()
     assert re.search(r"resuming after epoch (5|10|15|20|25|30|35)\b", log), log[-2000:]

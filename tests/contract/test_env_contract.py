@@ -9,7 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlkube.contract import ENV_CONTRACT, EnvContractError, Role, contract_names, read_pod_env
+from rlkube.contract import (
+    ENV_CONTRACT,
+    EnvContractError,
+    PodIdentity,
+    Role,
+    TrainRendezvous,
+    build_pod_env,
+    contract_names,
+    read_pod_env,
+)
 from rlkube.launch.local import Layout, Ports, pod_env
 from rlkube.spec import parse_job
 
@@ -111,3 +120,43 @@ def test_the_pod_entrypoint_exits_2_naming_the_broken_variable() -> None:
     assert result.returncode == 2
     assert "RLKUBE_JOB_NAME is not set" in result.stderr
     assert "RLKUBE_COORDINATOR_ADDR is not set" in result.stderr
+
+
+RENDEZVOUS = TrainRendezvous(world_size=2, backend="gloo", master_addr="m", master_port=5, weight_data_port=0)
+
+
+def _built(role: Role, *, identity: PodIdentity | None, train: TrainRendezvous | None) -> dict[str, str]:
+    return build_pod_env(
+        role,
+        job_name="j",
+        coordinator_addr="c:1",
+        shm_dir="/shm",
+        run_dir="/run",
+        job_config="/job.yaml",
+        weight_port=2,
+        metrics_port=0,
+        token_file="/token",
+        listen_host="127.0.0.1",
+        train=train,
+        identity=identity,
+    )
+
+
+@pytest.mark.parametrize("role", [Role.TRAIN, Role.EVAL])
+def test_the_builder_leaves_the_downward_rows_to_kubernetes_unless_given_an_identity(role: Role) -> None:
+    downward = {var.name for var in ENV_CONTRACT if var.source.startswith("downward:")}
+    train = RENDEZVOUS if role is Role.TRAIN else None
+    in_cluster = _built(role, identity=None, train=train)
+    assert list(in_cluster) == [name for name in contract_names(role) if name not in downward]
+    identity = PodIdentity(namespace="ns", replica_index=1, pod_name="p", node_name="n")
+    local = _built(role, identity=identity, train=train)
+    assert list(local) == list(contract_names(role))
+
+
+def test_rank_and_the_torchrun_names_are_spelt_from_the_replica_index_and_the_rendezvous() -> None:
+    identity = PodIdentity(namespace="ns", replica_index=1, pod_name="p", node_name="n")
+    env = _built(Role.TRAIN, identity=identity, train=RENDEZVOUS)
+    assert env["RANK"] == env["PET_NODE_RANK"] == env["RLKUBE_REPLICA_INDEX"] == "1"
+    assert (env["PET_NNODES"], env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == ("2", "m", "5")
+    with pytest.raises(ValueError, match="rendezvous"):
+        _built(Role.TRAIN, identity=identity, train=None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from rlkube._proto import policy_group_pb2 as pb
-from rlkube.contract import CoordinatorPhase
+from rlkube.contract import CoordinatorPhase, EngineFailure
 from rlkube.coordinator.service import job_status
 from rlkube.coordinator.state import Coordinator, EngineStatus
 from rlkube.spec import parse_job
@@ -70,6 +70,21 @@ def test_finish_answers_the_phase_and_message_it_is_given() -> None:
     coordinator.finish(phase=CoordinatorPhase.FAILED, message="policy raised")
     status = job_status(coordinator)
     assert (status.phase, status.finished, status.message) == (pb.JobStatus.Failed, True, "policy raised")
+
+
+def test_a_failure_names_its_reason_on_the_wire_training_failed_unless_given() -> None:
+    coordinator = Coordinator(parse_job(MINIMAL_JOB))
+    coordinator.finish(phase=CoordinatorPhase.FAILED, message="policy raised")
+    assert job_status(coordinator).failure_reason == pb.JobStatus.TrainingFailed
+    named = Coordinator(parse_job(MINIMAL_JOB))
+    named.finish(
+        phase=CoordinatorPhase.FAILED, message="NaN", failure_reason=EngineFailure.NON_FINITE_WEIGHTS
+    )
+    assert job_status(named).failure_reason == pb.JobStatus.NonFiniteWeights
+
+
+def test_the_python_engine_failures_and_the_proto_ones_name_the_same_values() -> None:
+    assert [f.value for f in EngineFailure] == list(pb.JobStatus.EngineFailure.keys())
 
 
 def test_the_python_phase_and_the_proto_phase_name_the_same_values() -> None:

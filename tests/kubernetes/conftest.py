@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.harness import ROOT, kubectl
+from tests.conftest import delete_namespace
+from tests.operator.harness import kubectl
 
 if TYPE_CHECKING:
     from rlkube_devcluster.controlplane.cluster import ControlPlane
@@ -41,24 +42,10 @@ class Kube:
         return json.loads(result.stdout) if result.returncode == 0 else None
 
 
-@pytest.fixture(scope="session")
-def rljob_crd(control_plane: ControlPlane) -> None:
-    """The RLJob CRD from crds/, applied and Established (served)."""
-    kubectl(control_plane.kubeconfig, "apply", "-f", str(ROOT / "crds"))
-
-    def established() -> bool:
-        crd = json.loads(
-            kubectl(control_plane.kubeconfig, "get", "crd", "rljobs.rlkube.io", "-o", "json").stdout
-        )
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for(established, what="the RLJob CRD to be Established")
-
-
 @pytest.fixture
-def kube(control_plane: ControlPlane) -> Kube:
-    """kubectl in a fresh namespace of its own."""
+def kube(control_plane: ControlPlane) -> Iterator[Kube]:
+    """kubectl in a fresh namespace of its own, deleted after the test."""
     name = f"t{next(_NAMESPACES)}"
     kubectl(control_plane.kubeconfig, "create", "namespace", name)
-    return Kube(control_plane, name)
+    yield Kube(control_plane, name)
+    delete_namespace(control_plane.kubeconfig, name)

@@ -1,7 +1,7 @@
 """The real API server admits RLJobs by the CRD: its schema, its defaults and its CEL rules.
 
-The same cases the operator tests prove against the emulator (tests/operator/manifests.py), here
-judged by kube-apiserver itself: what it refuses, the field it names, and what it fills in.
+The malformed jobs of tests/operator/manifests.py (the one table of them), judged by
+kube-apiserver itself: what it refuses, the field it names, and what it fills in.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_a_typo_in_an_update_is_refused_and_the_job_is_unchanged(kube: Kube) -> 
 def test_server_side_apply_is_strict_too(kube: Kube) -> None:
     result = kube.apply(job_document("ssa", train={"maxEpoch": 3}), "--server-side")
     assert result.returncode != 0
-    # Server-side apply builds a typed patch first; the emulator said 'unknown field' here.
+    # Server-side apply builds a typed patch first: its words are not strict decoding's.
     assert ".spec.train.maxEpoch: field not declared in schema" in result.stderr
 
 

@@ -8,6 +8,7 @@ land on it, never the pods of other tests' Deployments.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,8 @@ def pod(name: str, script: str, *, restart: str = "Never", **extra: Any) -> dict
         "spec": {
             "restartPolicy": restart,
             "tolerations": [{**TAINT, "operator": "Equal"}],
+            # Only on this node: the control plane's other nodes (tests/operator's stand-in) run nothing.
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
             "containers": [
                 {
                     "name": "main",
@@ -139,6 +142,28 @@ def test_a_pod_reaches_the_api_server_with_its_projected_service_account_token(
     terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 0, terminated
     assert terminated["message"] == f"system:serviceaccount:{kube.namespace}:default in {kube.namespace}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the mount namespace of a container needs root")
+def test_an_in_cluster_client_finds_the_token_where_kubernetes_mounts_it(
+    agent: NodeAgent, kube: Kube
+) -> None:
+    # The kubernetes client's in-cluster config reads /var/run/secrets/kubernetes.io/serviceaccount
+    # itself (the operator's pod does): no env points it anywhere.
+    script = """
+        import os
+        from kubernetes import client, config
+        config.load_incluster_config()
+        review = client.AuthenticationV1Api().create_self_subject_review(
+            client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview"))
+        with open(os.environ["RLKUBE_TERMINATION_MESSAGE_PATH"], "w") as f:
+            f.write(review.status.user_info.username)
+    """
+    assert with_default_account(kube).apply(pod("incluster", script)).returncode == 0
+    done = wait_for_phase(kube, "incluster", ("Failed", "Succeeded"))
+    terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 0, terminated
+    assert terminated["message"] == f"system:serviceaccount:{kube.namespace}:default"
 
 
 def test_a_crashing_container_is_restarted_per_its_restart_policy(agent: NodeAgent, kube: Kube) -> None:

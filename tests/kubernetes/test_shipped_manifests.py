@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -83,7 +83,9 @@ def test_every_example_rljob_applies(rljob_crd: None, kube: Kube, example: Path)
             assert kube.get(document["kind"], document["metadata"]["name"]) is not None
 
 
-def test_what_the_operator_renders_for_an_example_applies(rljob_crd: None, kube: Kube) -> None:
+def test_what_the_operator_renders_for_an_example_applies_and_keeps_every_field(
+    rljob_crd: None, kube: Kube
+) -> None:
     rendered = subprocess.run(
         [
             sys.executable,
@@ -102,3 +104,24 @@ def test_what_the_operator_renders_for_an_example_applies(rljob_crd: None, kube:
     assert {o["kind"] for o in objects} >= {"StatefulSet", "Service", "ConfigMap"}
     result = kube.apply(rendered)
     assert result.returncode == 0, result.stderr
+    for obj in objects:
+        stored = kube.get(obj["kind"].lower(), obj["metadata"]["name"])
+        assert stored is not None, obj["kind"]
+        for section in ("spec", "data"):
+            if section in obj:
+                assert contains(stored[section], obj[section]), (obj["kind"], section)
+
+
+def contains(stored: Any, rendered: Any) -> bool:
+    """Whether every field of ``rendered`` is in ``stored`` with the same value (defaults may be added)."""
+    if isinstance(rendered, dict):
+        return isinstance(stored, dict) and all(
+            key in stored and contains(stored[key], value) for key, value in rendered.items()
+        )
+    if isinstance(rendered, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(rendered)
+            and all(contains(s, r) for s, r in zip(stored, rendered, strict=True))
+        )
+    return bool(stored == rendered)

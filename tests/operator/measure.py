@@ -2,9 +2,10 @@
 
     python -m tests.operator.measure [--jobs 100] [--samples 10] [--json out.json]
 
-Times come from the emulator's own write log (the moment each object was stored), so polling
-does not blur them. The operator runs as in production (one process, kopf, real HTTP); the API
-server is the in-process emulator, so the figures measure the operator plus a fast API server.
+Times come from kubectl watches of every kind involved (the moment each event reached the
+watch), so polling does not blur them. The operator runs as in production (one process, kopf,
+real HTTP) against a real kube-apiserver started on this machine (no nodes: the pods stay
+Pending), so the figures measure the operator plus the API server.
 """
 
 from __future__ import annotations
@@ -20,51 +21,71 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rlkube_devcluster.controlplane.cluster import ControlPlane
 from rlkube_devcluster.coordinators import FakeCoordinators
-from rlkube_devcluster.emulator.cluster import EmulatedCluster
-from rlkube_devcluster.emulator.store import WatchEvent
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.harness import ROOT, kubectl
+from tests.operator.harness import ROOT, Watch, kubectl
 from tests.operator.manifests import job_document
 
-CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet")
+CHILD_KINDS = ("configmaps", "services", "statefulsets")
 CHILDREN_PER_JOB = 6  # ConfigMap, 3 Services, 2 StatefulSets
 
 
 class Clock:
-    """Monotonic time of every object's first storage, and of every RLJob status write."""
+    """When every object was first seen, and every RLJob's first status, from kubectl's watches."""
 
-    def __init__(self) -> None:
-        self.added: dict[tuple[str, str, str], float] = {}
-        self.first_status: dict[tuple[str, str], float] = {}
+    def __init__(self, kubeconfig: Path) -> None:
+        self.watches = {kind: Watch(kubeconfig, None, kind) for kind in ("rlj", *CHILD_KINDS)}
 
-    def __call__(self, rtype: Any, event: WatchEvent) -> None:
-        meta = event.obj["metadata"]
-        key = (rtype.kind, meta.get("namespace", ""), meta["name"])
-        if event.type == "ADDED":
-            self.added.setdefault(key, time.monotonic())
-        if rtype.kind == "RLJob" and event.obj.get("status", {}).get("phase"):
-            self.first_status.setdefault((meta["namespace"], meta["name"]), time.monotonic())
+    def stop(self) -> None:
+        for watch in self.watches.values():
+            watch.stop()
+
+    def added(self, kind: str, namespace: str, name: str) -> float | None:
+        return next(
+            (
+                e.at
+                for e in list(self.watches[kind].seen)
+                if e.obj["metadata"].get("namespace") == namespace and e.obj["metadata"]["name"] == name
+            ),
+            None,
+        )
+
+    def first_status(self, namespace: str, job: str) -> float | None:
+        return next(
+            (
+                e.at
+                for e in list(self.watches["rlj"].seen)
+                if e.obj["metadata"]["namespace"] == namespace
+                and e.obj["metadata"]["name"] == job
+                and e.obj.get("status", {}).get("phase")
+            ),
+            None,
+        )
 
     def children_done(self, namespace: str, job: str) -> float | None:
         times = [
-            t
-            for (kind, ns, name), t in self.added.items()
-            if ns == namespace and kind in CHILD_KINDS and name.startswith(f"{job}-")
+            e.at
+            for kind in CHILD_KINDS
+            for e in list(self.watches[kind].seen)
+            if e.type == "ADDED"
+            and e.obj["metadata"].get("namespace") == namespace
+            and e.obj["metadata"]["name"].startswith(f"{job}-")
         ]
         return max(times) if len(times) >= CHILDREN_PER_JOB else None
 
 
 def measure(jobs: int, samples: int, workdir: Path) -> dict[str, Any]:
     sockets = Path(tempfile.mkdtemp(prefix="rlk"))
-    cluster = EmulatedCluster(workdir, crds=[ROOT / "crds" / "rljob.yaml"]).start()
-    clock = Clock()
-    cluster.call(cluster.emulator.store.listeners.append, clock)  # type: ignore[union-attr]
+    plane = ControlPlane(workdir / "k8s").start()
+    kubectl(plane.kubeconfig, "apply", "-f", str(ROOT / "crds"))
+    kubectl(plane.kubeconfig, "wait", "--for=condition=Established", "crd/rljobs.rlkube.io", "--timeout=120s")
+    clock = Clock(plane.kubeconfig)
     coordinators = FakeCoordinators(sockets)
     operator = OperatorProcess(
-        cluster.operator_kubeconfig,
+        plane.kubeconfig,
         socket_dir=sockets,
         log=workdir / "operator.log",
         env={"RLKUBE_STATUS_INTERVAL": "5", "RLKUBE_COORDINATOR_TIMEOUT": "1"},
@@ -73,33 +94,42 @@ def measure(jobs: int, samples: int, workdir: Path) -> dict[str, Any]:
         operator.start()
         idle_rss = operator.rss_bytes()
         # 1. apply -> children, one job at a time.
-        cluster.create_namespace("latency")
+        kubectl(plane.kubeconfig, "create", "namespace", "latency")
         latencies = []
         for index in range(samples):
             name = f"lat{index}"
-            kubectl(cluster.kubeconfig, "-n", "latency", "apply", "--validate=false", "-f", "-",
-                    input=yaml.safe_dump(job_document(name)))  # fmt: skip
+            kubectl(
+                plane.kubeconfig,
+                "-n",
+                "latency",
+                "apply",
+                "-f",
+                "-",
+                input=yaml.safe_dump(job_document(name)),
+            )
             done = wait_for(lambda n=name: clock.children_done("latency", n), timeout=120)
-            latencies.append(done - clock.added[("RLJob", "latency", name)])
+            added = wait_for(lambda n=name: clock.added("rlj", "latency", n), timeout=120)
+            latencies.append(done - added)
         # 2. many jobs at once, in one kubectl apply.
-        cluster.create_namespace("bulk")
+        kubectl(plane.kubeconfig, "create", "namespace", "bulk")
         names = [f"job{i:03d}" for i in range(jobs)]
         for name in names:
             coordinators.report("bulk", name, phase="Running", epoch=1, max_epochs=10, weight_version=1)
         manifest = yaml.safe_dump_all([job_document(name) for name in names])
         kubectl(
-            cluster.kubeconfig,
+            plane.kubeconfig,
             "-n",
             "bulk",
             "apply",
-            "--validate=false",
             "-f",
             "-",
             input=manifest,
             timeout=600,
         )
-        first = min(clock.added[("RLJob", "bulk", n)] for n in names)
-        last_stored = max(clock.added[("RLJob", "bulk", n)] for n in names)
+        stored = wait_for(
+            lambda: (t := [clock.added("rlj", "bulk", n) for n in names]) and all(t) and t, timeout=600
+        )
+        first, last_stored = min(stored), max(stored)
         children_done = wait_for(
             lambda: (
                 all(clock.children_done("bulk", n) for n in names)
@@ -109,10 +139,7 @@ def measure(jobs: int, samples: int, workdir: Path) -> dict[str, Any]:
             interval=0.2,
         )
         status_done = wait_for(
-            lambda: (
-                all(("bulk", n) in clock.first_status for n in names)
-                and max(clock.first_status[("bulk", n)] for n in names)
-            ),
+            lambda: (t := [clock.first_status("bulk", n) for n in names]) and all(t) and max(t),
             timeout=600,
             interval=0.2,
         )
@@ -135,8 +162,9 @@ def measure(jobs: int, samples: int, workdir: Path) -> dict[str, Any]:
         }
     finally:
         operator.stop()
+        clock.stop()
         coordinators.stop()
-        cluster.stop()
+        plane.stop()
         shutil.rmtree(sockets, ignore_errors=True)
 
 

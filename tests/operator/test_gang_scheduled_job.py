@@ -1,26 +1,27 @@
 """A gang-scheduled RLJob through the real operator: its PodGroup reaches the API server.
 
-The emulator serves Volcano's and scheduler-plugins' PodGroup CRDs built from their vendored
-schemas (tests/scheduling/schemas), so what the operator applies is admitted, pruned and checked
-by those projects' own schemas, as on a cluster with the scheduler installed.
+The real API server serves Volcano's and scheduler-plugins' PodGroup CRDs built from their
+vendored schemas (tests/scheduling/schemas), so what the operator applies is admitted, pruned and
+checked by those projects' own schemas, as on a cluster with the scheduler installed. (No such
+scheduler runs here: the pods stay Pending, which these tests do not look at.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from rlkube_devcluster.emulator.cluster import EmulatedCluster
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
 from tests.operator.conftest import Kubectl
-from tests.operator.harness import ROOT
+from tests.operator.harness import kubectl
 from tests.operator.manifests import job_document
 from tests.scheduling.schemas import FILES, HERE
+
+if TYPE_CHECKING:
+    from rlkube_devcluster.controlplane.cluster import ControlPlane
 
 GPU = {"limits": {"nvidia.com/gpu": 1}, "requests": {"cpu": "1", "memory": "2Gi"}}
 
@@ -53,16 +54,19 @@ def pod_group_crd(api_version: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def cluster(workdir: Path) -> Iterator[EmulatedCluster]:
-    crds = [ROOT / "crds" / "rljob.yaml"]
+@pytest.fixture(scope="module", autouse=True)
+def pod_group_crds(control_plane: ControlPlane) -> None:
+    documents = yaml.safe_dump_all([pod_group_crd(api_version) for api_version in FILES])
+    kubectl(control_plane.kubeconfig, "apply", "-f", "-", input=documents)
     for api_version in FILES:
-        path = workdir / f"{api_version.replace('/', '_')}.yaml"
-        path.write_text(yaml.safe_dump(pod_group_crd(api_version)))
-        crds.append(path)
-    emulated = EmulatedCluster(workdir, crds=crds).start()
-    yield emulated
-    emulated.stop()
+        group = api_version.split("/")[0]
+        kubectl(
+            control_plane.kubeconfig,
+            "wait",
+            "--for=condition=Established",
+            f"crd/podgroups.{group}",
+            "--timeout=120s",
+        )
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
-"""The real kubectl and the real kopf operator against the API emulator: what a user does, end to end.
+"""The real kubectl and the real kopf operator against a real kube-apiserver: what a user does, end to end.
 
-Each test gets its own namespace; the cluster and the operator are shared by the module. Every
+The operator authenticates as a user bound to the ClusterRole of rbac.RULES, so RBAC refuses
+anything else; its pods are run by the stand-in node (tests/operator/conftest.py). Each test gets
+its own namespace; the control plane is shared by the run, the operator by the module. Every
 wait polls with a generous deadline (the machine may be loaded); latencies are measured by
 tests/operator/measure.py, not asserted here.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkube import contract as c
 from rlkube._proto import policy_group_pb2 as pb
@@ -18,9 +20,12 @@ from rlkube_devcluster.coordinators import FakeCoordinators
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl
+from tests.operator.conftest import Kubectl, crash
 from tests.operator.harness import ROOT
 from tests.operator.manifests import job_document
+
+if TYPE_CHECKING:
+    from rlkube_devcluster.controlplane.cluster import ControlPlane
 
 CHILDREN = [
     ("configmap", "{}-job"),
@@ -49,7 +54,7 @@ def pod_uids(k: Kubectl, selector: str) -> dict[str, str]:
 def test_apply_example_creates_owned_children_with_the_env_contract(
     k: Kubectl, operator: OperatorProcess
 ) -> None:
-    k("apply", "--validate=false", "-f", str(ROOT / "examples" / "rljob.yaml"))
+    k("apply", "-f", str(ROOT / "examples" / "rljob.yaml"))
     job = k.wait_for_object("rlj", "cartpole-ppo")
     for kind, pattern in CHILDREN:
         child = k.wait_for_object(kind, pattern.format("cartpole-ppo"))
@@ -125,7 +130,13 @@ def test_get_rlj_shows_phase_readiness_and_progress_columns(
         ],
     )
     k.apply(job_document("columns"))
-    wait_for(lambda: (k.get("rlj", "columns") or {}).get("status", {}).get("progress", {}).get("epoch") == 7)
+
+    def shown() -> bool:
+        status = (k.get("rlj", "columns") or {}).get("status", {})
+        pods_ready = status.get("train", {}).get("ready") == status.get("eval", {}).get("ready") == "1/1"
+        return pods_ready and status.get("progress", {}).get("epoch") == 7
+
+    wait_for(shown, what="epoch 7 with every pod ready")
     lines = k("get", "rlj").stdout.splitlines()
     assert lines[0].split() == [
         "NAME",
@@ -216,10 +227,9 @@ def test_train_restarts_beyond_the_backoff_limit_fail_the_job(
     coordinators.report(k.namespace, "flaky", phase="Running", epoch=1, max_epochs=9)
     k.apply(job_document("flaky", runPolicy={"backoffLimit": 1}))
     wait_for(lambda: (k.get("rlj", "flaky") or {}).get("status", {}).get("phase") == "Running")
-    kubelet = k.cluster.kubelet
-    k.cluster.call(kubelet.crash, k.namespace, "flaky-train-0")  # type: ignore[attr-defined]
+    crash(k, "flaky-train-0", restarts=0)
     wait_for(lambda: (k.get("rlj", "flaky") or {}).get("status", {}).get("train", {}).get("restarts") == 1)
-    k.cluster.call(kubelet.crash, k.namespace, "flaky-train-0")  # type: ignore[attr-defined]
+    crash(k, "flaky-train-0", restarts=1)
     k("wait", "--for=condition=Failed", "rlj/flaky", "--timeout=120s")
     job = k.get("rlj", "flaky")
     assert job is not None
@@ -284,20 +294,35 @@ NOT_EXERCISED = {
     ("kopf.dev", "clusterkopfpeerings", "list"),
     ("kopf.dev", "clusterkopfpeerings", "watch"),
     ("kopf.dev", "clusterkopfpeerings", "patch"),
+    # kueueIntegration RLJob: exercised against the real Kueue in tests/kueue (this module runs none).
+    *(
+        ("kueue.x-k8s.io", "workloads", verb)
+        for verb in ("get", "list", "watch", "create", "patch", "delete")
+    ),
+    ("kueue.x-k8s.io", "workloads/status", "patch"),
+    ("kueue.x-k8s.io", "resourceflavors", "get"),
+    ("scheduling.k8s.io", "priorityclasses", "get"),
 }
 
 
-def test_the_operator_used_exactly_the_verbs_listed_in_rbac(cluster: Any, operator: OperatorProcess) -> None:
-    """Runs last in this module: every request the operator made is allowed by rbac.RULES, and every
-    rule was needed (or is one of the few the tests cannot reach)."""
-    from rlkube_devcluster.emulator.cluster import OPERATOR_TOKEN
+def test_the_operator_used_exactly_the_verbs_listed_in_rbac(
+    control_plane: ControlPlane, operator: OperatorProcess, operator_user: str
+) -> None:
+    """Runs last in this module: every request the operator made was allowed by RBAC (the ClusterRole
+    of rbac.RULES), and every rule was needed (or is one of the few the tests cannot reach)."""
     from rlkube_operator.rbac import RULES
 
     allowed = {
         (g, r, v) for rule in RULES for g in rule.api_groups for r in rule.resources for v in rule.verbs
     }
+    requests = [e for e in control_plane.audit() if e.user == operator_user]
+    assert requests, "the audit log holds no request of the operator"
+    refused = {(e.verb, e.group, e.resource, e.subresource) for e in requests if not e.allowed}
+    assert not refused, f"RBAC refused the operator: {sorted(refused)}"
     used = {
-        (group, res, verb) for token, verb, group, res, _ in cluster.emulator.audit if token == OPERATOR_TOKEN
+        (e.group, f"{e.resource}/{e.subresource}" if e.subresource else e.resource, e.verb)
+        for e in requests
+        if e.resource
     }
     assert used <= allowed, sorted(used - allowed)
     assert allowed - used == NOT_EXERCISED, sorted(allowed - used)

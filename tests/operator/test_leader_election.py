@@ -1,8 +1,9 @@
-"""Two operator replicas, one acting: the real kopf peering against the emulator, driven by kubectl.
+"""Two operator replicas, one acting: the real kopf peering on a real kube-apiserver, driven by kubectl.
 
-Each replica talks to the API server with its own token, so the emulator's audit tells whose
-writes are whose. A replica counts as acting when it writes anything but its own keep-alive in
-the ClusterKopfPeering (applies, status patches, events).
+Each replica authenticates with a client certificate of its own (bound to the ClusterRole of
+rbac.RULES), so the API server's audit log tells whose writes are whose. A replica counts as
+acting when it writes anything but its own keep-alive in the ClusterKopfPeering (applies, status
+patches, events).
 """
 
 from __future__ import annotations
@@ -11,18 +12,19 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import yaml
 from rlkube_devcluster.coordinators import FakeCoordinators
-from rlkube_devcluster.emulator.cluster import EmulatedCluster, kubeconfig
+from rlkube_devcluster.kubelet.node_agent import NodeAgent
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl
-from tests.operator.harness import ROOT
+from tests.operator.conftest import Kubectl, start_operator
 from tests.operator.manifests import job_document
+
+if TYPE_CHECKING:
+    from rlkube_devcluster.controlplane.cluster import ControlPlane
 
 PEERING = "rlkube-ha"
 #: What a user of the chart gets: RLKUBE_PEERING_LIFETIME's default.
@@ -32,17 +34,9 @@ TAKEOVER_SECONDS = 15
 WRITES = ("create", "patch", "update", "delete")
 
 
-@pytest.fixture(scope="module")
-def cluster(workdir: Path) -> Iterator[EmulatedCluster]:
-    crds = [ROOT / "crds" / "rljob.yaml", ROOT / "crds" / "kopf-peering.yaml"]
-    emulated = EmulatedCluster(workdir, crds=crds).start()
-    yield emulated
-    emulated.stop()
-
-
 @pytest.fixture
 def replicas(
-    cluster: EmulatedCluster, coordinators: FakeCoordinators, workdir: Path
+    operator_role: str, stand_in_node: NodeAgent, coordinators: FakeCoordinators
 ) -> Iterator[dict[str, OperatorProcess]]:
     """Operator replicas by name, started by the test (``start(name)``), all stopped at the end."""
     started: dict[str, OperatorProcess] = {}
@@ -54,20 +48,19 @@ def replicas(
 def start(
     replicas: dict[str, OperatorProcess],
     name: str,
-    cluster: EmulatedCluster,
+    control_plane: ControlPlane,
+    coordinators: FakeCoordinators,
     workdir: Path,
     *,
     env: dict[str, str] | None = None,
 ) -> None:
-    config = workdir / f"kubeconfig-{name}"
-    config.write_text(yaml.safe_dump(kubeconfig(cluster.url, token=name)))
-    sockets = workdir / "s"
-    replicas[name] = OperatorProcess(
-        config,
-        socket_dir=sockets,
-        log=workdir / f"operator-{name}.log",
+    replicas[name] = start_operator(
+        control_plane,
+        coordinators,
+        workdir,
+        name,
         env={"RLKUBE_PEERING": PEERING, "RLKUBE_FIELD_MANAGER": name, **(env or {})},
-    ).start()
+    )
 
 
 def kill(process: OperatorProcess) -> None:
@@ -77,18 +70,13 @@ def kill(process: OperatorProcess) -> None:
     process.process.wait(10)
 
 
-def writes(cluster: EmulatedCluster, token: str) -> int:
-    """Requests of ``token`` that change anything besides its keep-alive."""
-
-    def count() -> int:
-        assert cluster.emulator is not None
-        return sum(
-            1
-            for who, verb, _group, resource, _ns in cluster.emulator.audit
-            if who == token and verb in WRITES and resource != "clusterkopfpeerings"
-        )
-
-    return cluster.call(count)
+def writes(control_plane: ControlPlane, user: str) -> int:
+    """Requests of ``user`` that change anything besides its keep-alive."""
+    return sum(
+        1
+        for e in control_plane.audit()
+        if e.user == user and e.verb in WRITES and e.resource != "clusterkopfpeerings"
+    )
 
 
 def peers(k: Kubectl, name: str = PEERING) -> dict[str, Any]:
@@ -102,28 +90,33 @@ def applied(k: Kubectl, job: str) -> bool:
 
 #: The chart's two modes: the whole cluster, or listed namespaces (a glob here: tests' namespaces
 #: are made per test); both elect through the one cluster-scoped peering object.
-SCOPES = {"cluster": {}, "namespaces": {"RLKUBE_WATCH_NAMESPACES": "t*"}}
+SCOPES = {"cluster": {}, "namespaces": {"RLKUBE_WATCH_NAMESPACES": "op*"}}
 
 
 @pytest.mark.parametrize("scope", sorted(SCOPES))
 def test_one_replica_acts_and_the_other_takes_over_when_it_is_killed(
-    cluster: EmulatedCluster, k: Kubectl, replicas: dict[str, OperatorProcess], workdir: Path, scope: str
+    control_plane: ControlPlane,
+    coordinators: FakeCoordinators,
+    k: Kubectl,
+    replicas: dict[str, OperatorProcess],
+    workdir: Path,
+    scope: str,
 ) -> None:
     peering = f"{PEERING}-{scope}"  # one peering object per test: no records left by another
     env = {**SCOPES[scope], "RLKUBE_PEERING": peering}
     k.apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}})
     a, b = f"op-a-{scope}", f"op-b-{scope}"
-    start(replicas, a, cluster, workdir, env=env)
+    start(replicas, a, control_plane, coordinators, workdir, env=env)
     k.apply(job_document("first"))
     wait_for(lambda: applied(k, "first"), what="the first replica applies the first job")
 
-    start(replicas, b, cluster, workdir, env=env)
+    start(replicas, b, control_plane, coordinators, workdir, env=env)
     wait_for(lambda: len(peers(k, peering)) == 2, what="both replicas in the peering object")
     k.apply(job_document("second"))
     wait_for(lambda: applied(k, "second"), what="the acting replica applies the second job")
     wait_for(lambda: (k.get("rlj", "second") or {}).get("status"), what="status of the second job")
-    assert writes(cluster, a) > 0
-    assert writes(cluster, b) == 0, "the standby replica acted while the leader was alive"
+    assert writes(control_plane, a) > 0
+    assert writes(control_plane, b) == 0, "the standby replica acted while the leader was alive"
 
     kill(replicas[a])
     killed = time.monotonic()
@@ -135,32 +128,36 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_is_killed(
         what=f"the standby takes over within {TAKEOVER_SECONDS}s of the leader's SIGKILL",
     )
     print(f"takeover after SIGKILL: {time.monotonic() - killed:.1f}s (keep-alive lifetime {LIFETIME}s)")
-    assert writes(cluster, b) > 0
+    assert writes(control_plane, b) > 0
     # The new leader also reconciles what the old one left: the jobs it never saw are served.
     wait_for(lambda: (k.get("rlj", "third") or {}).get("status"), what="status of the third job")
 
 
 def test_a_replica_started_later_waits_and_takes_over_at_once_from_a_leader_that_exits(
-    cluster: EmulatedCluster, k: Kubectl, replicas: dict[str, OperatorProcess], workdir: Path
+    control_plane: ControlPlane,
+    coordinators: FakeCoordinators,
+    k: Kubectl,
+    replicas: dict[str, OperatorProcess],
+    workdir: Path,
 ) -> None:
     """A rolling update: the new pod starts beside the acting one, waits, then replaces it."""
     k.apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}})
-    start(replicas, "op-c", cluster, workdir)
+    start(replicas, "op-c", control_plane, coordinators, workdir)
     k.apply(job_document("before"))
     wait_for(lambda: applied(k, "before"), what="the old replica applies a job")
-    start(replicas, "op-d", cluster, workdir)
+    start(replicas, "op-d", control_plane, coordinators, workdir)
     wait_for(lambda: "op-c" in str(peers(k)) or len(peers(k)) >= 2, what="both replicas peered")
     k("scale", "rlj/before", "--replicas=3")
     wait_for(
         lambda: (k.get("statefulset", "before-eval") or {}).get("spec", {}).get("replicas") == 3,
         what="the acting replica scales the job",
     )
-    assert writes(cluster, "op-d") == 0, "the new replica acted beside the old one"
+    assert writes(control_plane, "op-d") == 0, "the new replica acted beside the old one"
 
     replicas["op-c"].stop()  # SIGTERM, as a rolling update sends it: kopf removes its record
     k.apply(job_document("after"))
     wait_for(lambda: applied(k, "after"), timeout=TAKEOVER_SECONDS, what="the new replica takes over")
-    assert writes(cluster, "op-d") > 0
+    assert writes(control_plane, "op-d") > 0
 
 
 def test_a_replica_started_later_has_the_lower_priority_whatever_its_tie_breaker() -> None:

@@ -1,13 +1,12 @@
 """The operator holds a job's children to their rendering: whatever deletes or edits one, it comes back.
 
-kubectl only, against the emulator with the real operator: a child deleted or edited by hand is
+kubectl only, against a real kube-apiserver with the real operator: a child deleted or edited by hand is
 applied again within seconds, with a ``Restored`` event on the job; the job itself carries no
 finalizer, so it is deleted even while the operator is down; a TTL deletes on time.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 import time
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 from rlkube_devcluster.coordinators import FakeCoordinators
-from rlkube_devcluster.emulator.store import WatchEvent
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
@@ -193,24 +191,12 @@ def test_a_ttl_of_five_seconds_deletes_the_job_within_seven_in_ten_runs_of_ten(
     assert not early, f"deleted before its TTL ran out: {early}"
 
 
-def record_statuses(k: Kubectl, name: str) -> list[dict[str, Any]]:
-    """From now on, every status of RLJob ``name`` as the API server stored it."""
-    seen: list[dict[str, Any]] = []
-
-    def listen(rtype: Any, event: WatchEvent) -> None:
-        if rtype.kind == "RLJob" and event.obj["metadata"]["name"] == name:
-            seen.append(copy.deepcopy(event.obj.get("status") or {}))
-
-    k.cluster.call(lambda: k.cluster.store_call().listeners.append(listen))
-    return seen
-
-
 def test_a_spec_change_that_restarts_training_says_which_fields(
-    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators
+    k: Kubectl, operator: OperatorProcess, coordinators: FakeCoordinators, watch: Any
 ) -> None:
     document = job_document("edited", trainer={"replicas": 2})
     running(k, coordinators, "edited", trainer={"replicas": 2})
-    statuses = record_statuses(k, "edited")
+    watched = watch(k, "rlj", "edited")  # every version of the job the server sends from now on
     document["spec"]["train"] = {"maxEpochs": 77}
     document["spec"]["trainer"] = {"replicas": 3}
 
@@ -225,8 +211,8 @@ def test_a_spec_change_that_restarts_training_says_which_fields(
     restarting = wait_for(
         lambda: [
             c
-            for status in list(statuses)
-            for c in status.get("conditions", [])
+            for job in watched.objects
+            for c in job.get("status", {}).get("conditions", [])
             if c["type"] == "Restarting" and c["status"] == "True" and c["reason"] == "SpecChanged"
         ],
         what="the Restarting condition True with reason SpecChanged",

@@ -1,19 +1,33 @@
 """Thirty malformed RLJobs are each refused at apply or failed by the operator, naming the field,
-while the operator keeps reconciling the good ones."""
+while the operator keeps reconciling the good ones.
+
+The jobs the operator must fail itself are stored as under an older, looser CRD: the RLJob CRD is
+replaced by one without CEL rules and bounds, the jobs are created, and crds/rljob.yaml is applied
+again, as an upgrade of the CRD leaves jobs it would now refuse.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 from rlkube_devcluster.coordinators import FakeCoordinators
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl
+from tests.conftest import delete_namespace
+from tests.operator.conftest import Kubectl, new_namespace
+from tests.operator.harness import ROOT
 from tests.operator.manifests import MALFORMED, job_document, malformed
 
-#: Stored as if under an older, looser CRD (no CEL, no bounds): the operator must fail them itself.
+if TYPE_CHECKING:
+    from rlkube_devcluster.controlplane.cluster import ControlPlane
+
+CRD = ROOT / "crds" / "rljob.yaml"
+
+#: Stored under an older, looser CRD (no CEL, no bounds): the operator must fail them itself.
 STORED_UNCHECKED: list[tuple[str, Any, str]] = [
     ("spec.train.batchSize", 4096, "spec.train.batchSize"),
     ("spec.trainer.backend", "nccl", "spec.trainer.backend"),
@@ -24,19 +38,57 @@ STORED_UNCHECKED: list[tuple[str, Any, str]] = [
 
 
 def test_there_are_thirty_malformed_jobs() -> None:
+    # Each is refused at apply by the API server: tests/kubernetes/test_admission.py.
     assert len(MALFORMED) == 30
 
 
-@pytest.mark.parametrize(
-    ("index", "case"), list(enumerate(MALFORMED)), ids=[f"{p}={v!r}"[:50] for p, v, _ in MALFORMED]
-)
-def test_a_malformed_job_is_refused_at_apply_naming_the_field(
-    k: Kubectl, operator: OperatorProcess, index: int, case: tuple[str, Any, str]
-) -> None:
-    path, value, field = case
-    result = k.apply(malformed(index, path, value), check=False)
-    assert result.returncode != 0, result.stdout
-    assert field in result.stderr, result.stderr
+#: What an older CRD did not check: CEL rules and numeric bounds.
+LOOSER = ("x-kubernetes-validations", "minimum", "maximum")
+
+
+def loosened(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: loosened(value) for key, value in node.items() if key not in LOOSER}
+    if isinstance(node, list):
+        return [loosened(value) for value in node]
+    return node
+
+
+def stored_unchecked_name(index: int) -> str:
+    return f"loose{index}"
+
+
+@pytest.fixture(scope="module")
+def loose(control_plane: ControlPlane, rljob_crd: None, operator: OperatorProcess) -> Iterator[Kubectl]:
+    """A namespace holding the STORED_UNCHECKED jobs, created under a looser CRD; the CRD restored."""
+    namespace = "loose"
+    new_namespace(control_plane, namespace)
+    k = Kubectl(control_plane, namespace)
+    crd = yaml.safe_load(CRD.read_text())
+    k("apply", "-f", "-", input=yaml.safe_dump(loosened(crd)))
+    try:
+        for index, (path, value, _) in enumerate(STORED_UNCHECKED):
+            document = malformed(index, path, value)
+            document["metadata"]["name"] = stored_unchecked_name(index)
+            # The API server serves the new schema a moment after the CRD changes.
+            wait_for(
+                lambda document=document: (
+                    k("create", "-f", "-", input=yaml.safe_dump(document), check=False).returncode == 0
+                ),
+                what=f"{document['metadata']['name']} stored under the looser CRD",
+            )
+    finally:
+        k("apply", "-f", str(CRD))
+    refused = malformed(0, *STORED_UNCHECKED[0][:2])
+    wait_for(
+        lambda: (
+            k("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(refused), check=False).returncode
+            != 0
+        ),
+        what="crds/rljob.yaml's schema served again",
+    )
+    yield k
+    delete_namespace(control_plane.kubeconfig, namespace)
 
 
 @pytest.mark.parametrize(
@@ -45,15 +97,11 @@ def test_a_malformed_job_is_refused_at_apply_naming_the_field(
     ids=[f"{p}={v!r}"[:50] for p, v, _ in STORED_UNCHECKED],
 )
 def test_a_malformed_job_the_schema_let_through_fails_with_invalid_spec(
-    k: Kubectl, operator: OperatorProcess, index: int, case: tuple[str, Any, str]
+    loose: Kubectl, index: int, case: tuple[str, Any, str]
 ) -> None:
-    path, value, field = case
-    name = f"loose{index}"
-    document = malformed(index, path, value)
-    document["metadata"]["name"] = name
-    store = k.cluster.emulator.store  # type: ignore[union-attr]
-    rtype = store.find("rlkube.io", "v1alpha1", "rljobs")
-    k.cluster.call(store.create, rtype, k.namespace, document, admit=False)
+    _, _, field = case
+    name = stored_unchecked_name(index)
+    k = loose
     job = wait_for(
         lambda: (j := k.get("rlj", name)) and j.get("status", {}).get("phase") == "Failed" and j,
         what=f"{name} to fail",

@@ -4,36 +4,44 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from rlkube_devcluster.coordinators import FakeCoordinators
-from rlkube_devcluster.emulator.cluster import EmulatedCluster
+from rlkube_devcluster.kubelet.node_agent import NodeAgent
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.operator.conftest import Kubectl
+from tests.conftest import delete_namespace
+from tests.operator.conftest import Kubectl, new_namespace, start_operator
+
+if TYPE_CHECKING:
+    from rlkube_devcluster.controlplane.cluster import ControlPlane
 from tests.operator.manifests import job_document
 
 
 @pytest.fixture(scope="module")
 def operator(
-    cluster: EmulatedCluster, coordinators: FakeCoordinators, workdir: Path
+    control_plane: ControlPlane,
+    operator_role: str,
+    stand_in_node: NodeAgent,
+    coordinators: FakeCoordinators,
+    workdir: Path,
+    operator_user: str,
 ) -> Iterator[OperatorProcess]:
-    cluster.create_namespace("served")
-    process = OperatorProcess(
-        cluster.operator_kubeconfig,
-        socket_dir=coordinators.socket_dir,
-        log=workdir / "operator.log",
-        env={"RLKUBE_WATCH_NAMESPACES": "served"},
-    ).start()
+    new_namespace(control_plane, "served")
+    process = start_operator(
+        control_plane, coordinators, workdir, operator_user, env={"RLKUBE_WATCH_NAMESPACES": "served"}
+    )
     yield process
     process.stop()
+    delete_namespace(control_plane.kubeconfig, "served")
 
 
 def test_jobs_in_a_served_namespace_get_children_and_others_do_not(
-    cluster: EmulatedCluster, operator: OperatorProcess, k: Kubectl
+    control_plane: ControlPlane, operator: OperatorProcess, k: Kubectl
 ) -> None:
-    served = Kubectl(cluster, "served")
+    served = Kubectl(control_plane, "served")
     served.apply(job_document("here"))
     k.apply(job_document("elsewhere"))
     served.wait_for_object("statefulset", "here-train")

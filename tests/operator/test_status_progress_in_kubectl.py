@@ -1,6 +1,6 @@
 """Every figure the coordinator's JobStatus carries reaches ``kubectl get rlj -o yaml``, with no field list.
 
-The real kopf operator and kubectl against the API emulator, a fake coordinator answering
+The real kopf operator and kubectl against a real kube-apiserver, a fake coordinator answering
 GetStatus. The figures are chosen from the proto descriptor, so a field added to JobStatus is
 covered by this test without editing it (tests/status/test_progress_follows_the_proto.py adds
 one at test time).

@@ -137,7 +137,7 @@ def test_a_failed_update_keeps_the_thread_and_the_old_weights() -> None:
 def test_strategy_none_starts_no_thread_and_notify_is_a_no_op() -> None:
     policy = ToyPolicy(policy_spec(strategy="None"), "eval")
     policy.init_eval(env_meta=None)
-    assert policy._updater is None
+    assert policy._weight_updater is None
     policy.notify_update_weights()
     assert policy.wait_for_weight_update_done(timeout=0) is True
     policy.close()
@@ -146,7 +146,7 @@ def test_strategy_none_starts_no_thread_and_notify_is_a_no_op() -> None:
 def test_check_idle_waits_for_the_step_in_flight() -> None:
     policy, _ = eval_policy(strategy="None")
     policy.hold_steps.clear()
-    gate = policy._idle_gate
+    gate = policy._rollout_gate.idle
     assert gate is not None
     waiting = threading.Event()
     wait_idle = gate.wait_idle

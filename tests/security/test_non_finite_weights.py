@@ -6,10 +6,12 @@ import math
 from pathlib import Path
 
 import torch
+from rlkube.contract import EngineFailure
 from rlkube.engine.failure import (
     NON_FINITE_WEIGHTS,
     non_finite_parameter,
     read_failure,
+    recorded_reason,
     write_failure,
 )
 
@@ -29,3 +31,7 @@ def test_the_failure_is_recorded_beside_the_checkpoints_for_a_restarted_rank_and
     message = f"{NON_FINITE_WEIGHTS}: after epoch 4 parameter pi.weight holds NaN or Inf"
     write_failure(tmp_path, reason=NON_FINITE_WEIGHTS, message=message)
     assert read_failure(tmp_path) == {"reason": NON_FINITE_WEIGHTS, "message": message}
+    recorded = read_failure(tmp_path)
+    assert recorded is not None
+    assert recorded_reason(recorded) is EngineFailure.NON_FINITE_WEIGHTS
+    assert recorded_reason({"reason": "SomethingNewer", "message": ""}) is EngineFailure.TRAINING_FAILED

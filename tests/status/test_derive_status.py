@@ -257,6 +257,22 @@ def test_a_failure_reported_by_the_coordinator_fails_the_job() -> None:
     assert status["message"] == "policy raised ValueError"
 
 
+@pytest.mark.parametrize(
+    ("failure_reason", "message", "reason"),
+    [
+        ("NonFiniteWeights", "after epoch 4 parameter pi.weight holds NaN or Inf", "NonFiniteWeights"),
+        ("TrainingFailed", "NonFiniteWeights is only what the message says", "TrainingFailed"),
+    ],
+    ids=["named-cause", "message-not-read"],
+)
+def test_the_coordinators_failure_reason_is_the_failed_reason_and_its_message_is_never_parsed(
+    failure_reason: str, message: str, reason: str
+) -> None:
+    report = CoordinatorReport(phase="Failed", message=message, failure_reason=failure_reason)  # type: ignore[arg-type]
+    status = step(None, READY, report, at=T0).status
+    assert (conditions(status)["Failed"]["reason"], status["message"]) == (reason, message)
+
+
 def test_failed_is_final_even_when_the_children_look_healthy_again() -> None:
     failed = step(None, READY, CoordinatorReport(phase="Failed", message="x"), at=T0).status
     again = step(failed, READY, RUNNING, at=T0 + timedelta(minutes=1)).status
@@ -305,8 +321,20 @@ def test_the_status_validates_against_the_crd_schema() -> None:
         jsonschema.Draft4Validator(schema).validate(status)
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) applied as the API server applies one."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
 def test_status_patch_turns_the_old_status_into_the_new_one() -> None:
-    from rlkube_devcluster.emulator.patches import merge_patch
     from rlkube_operator.status import status_patch
 
     old = step(None, READY, RUNNING, at=T0).status

@@ -138,3 +138,14 @@ def test_a_coordinator_that_predates_the_phase_enum_is_read_from_the_phase_name(
     both = pb.JobStatus(phase="Complete", phase_name="Running")
     assert report_from_proto(both).phase is CoordinatorPhase.COMPLETE
     assert report_from_proto(pb.JobStatus(phase=42)).phase is CoordinatorPhase.STARTING  # a newer value
+
+
+def test_the_failure_reason_travels_as_its_enum_and_a_newer_value_reads_as_training_failed() -> None:
+    from rlkube.contract import EngineFailure
+
+    named = report_from_proto(pb.JobStatus(phase="Failed", failure_reason="NonFiniteWeights", message="x"))
+    assert named.failure_reason is EngineFailure.NON_FINITE_WEIGHTS
+    assert report_from_proto(pb.JobStatus(phase="Failed", failure_reason=42)).failure_reason is (
+        EngineFailure.TRAINING_FAILED
+    )
+    assert "failureReason" not in derived(pb.JobStatus(phase="Running", failure_reason=1))["progress"]

@@ -48,6 +48,7 @@ from rlkube.weights.errors import IntegrityError
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
 from rlkube.weights.shm_reader import ShmReader
+from rlkube.weights.version import WeightVersion
 
 from tests.weights.pack_gate import Gate
 
@@ -82,9 +83,7 @@ def data_port(publisher: WeightPublisher) -> DataPortServer:
     return server
 
 
-def receive(
-    publisher: WeightPublisher, node: Path, **config: object
-) -> tuple[NodeReceiver, pb.WeightVersion]:
+def receive(publisher: WeightPublisher, node: Path, **config: object) -> tuple[NodeReceiver, WeightVersion]:
     """A node receiver that applied the publisher's latest version."""
     receiver = NodeReceiver(ReceiverConfig(shm_dir=node, source=publisher.address or "", **config))  # type: ignore[arg-type]
     latest = publisher.latest()
@@ -325,7 +324,7 @@ def raw_request(
     return status_code(got.offset), text, sock
 
 
-def fetch_request(latest: pb.WeightVersion) -> bytes:
+def fetch_request(latest: WeightVersion) -> bytes:
     return pb.FetchWeightsRequest(
         version=latest.version, incarnation=latest.incarnation, chunk_bytes=GRID
     ).SerializeToString()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -16,6 +17,7 @@ from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError
 from rlkube.weights.layout import LayoutError, WeightLayout, layout_of, pack_into_
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
 from rlkube.weights.shm_reader import ShmReader
+from rlkube.weights.version import WeightVersion
 from rlkube.weights.wire import SERVER_OPTIONS, SERVICE, chunk_framing, decode_chunk
 
 CHUNK = 1024
@@ -56,18 +58,18 @@ class FakeStore:
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         self.server.start()
 
-    def version(self, number: int, *, incarnation: str = "inc-1", **changes: object) -> pb.WeightVersion:
-        msg = pb.WeightVersion(
-            version=number,
-            layout_digest=self.layout.digest,
-            total_bytes=self.layout.total_bytes,
-            checksum=buffer_checksum(self.data, CHUNK),
-            chunk_bytes=CHUNK,
-            incarnation=incarnation,
+    def version(self, number: int, *, incarnation: str = "inc-1", **changes: Any) -> WeightVersion:
+        return WeightVersion(
+            **{
+                "version": number,
+                "layout_digest": self.layout.digest,
+                "total_bytes": self.layout.total_bytes,
+                "checksum": buffer_checksum(self.data, CHUNK),
+                "chunk_bytes": CHUNK,
+                "incarnation": incarnation,
+                **changes,
+            }
         )
-        for key, value in changes.items():
-            setattr(msg, key, value)
-        return msg
 
     def get_layout(self, request: pb.GetLayoutRequest, context: grpc.ServicerContext) -> pb.WeightLayout:
         msg = self.layout.to_proto()

@@ -16,13 +16,13 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from rlkube._proto import policy_group_pb2 as pb
 from rlkube.weights.client import FetchResult, WeightStoreClient
 from rlkube.weights.copies import buffer_checksum
 from rlkube.weights.errors import FetchError
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher, chunk_pieces
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
 from rlkube.weights.shm_reader import ShmReader
+from rlkube.weights.version import WeightVersion
 
 from tests.weights.conftest import Helper
 from tests.weights.pack_gate import Gate
@@ -66,7 +66,7 @@ def pool() -> Iterator[ThreadPoolExecutor]:
         yield executor
 
 
-def watch_while_packing(publisher: WeightPublisher, client: WeightStoreClient) -> Iterator[pb.WeightVersion]:
+def watch_while_packing(publisher: WeightPublisher, client: WeightStoreClient) -> Iterator[WeightVersion]:
     """A while_packing watch that is known to be registered: it has received version 1 already."""
     publisher.send(state(1.0), version=1)
     versions = client.watch(after=None, while_packing=True, seconds=60)

@@ -171,7 +171,7 @@ def test_an_async_request_keeps_waiting_when_the_gate_reopens_and_closes_before_
 
     async def scenario() -> None:
         policy.init_eval()
-        gate = policy._admission
+        gate = policy._rollout_gate.admission
         gate.close_and_drain(timeout=0)  # an update is committing
         request = asyncio.ensure_future(policy._rollout_async(observation()))
         await asyncio.sleep(0)  # the request now waits at the gate
@@ -195,11 +195,11 @@ def test_wait_for_weight_update_done_returns_only_after_the_commit(shm_dir: Path
         try:
             assert policy.wait_for_weight_update_done(timeout=0)  # nothing requested yet
             version = publisher.send(trainer.get_trainable_parameters())
-            policy._idle_gate.acquire()  # a long rollout step holds the gate
+            policy._rollout_gate.idle.acquire()  # a long rollout step holds the gate
             policy.notify_update_weights()
             assert not policy.wait_for_weight_update_done(timeout=0.3)
             assert policy.weight_version == -1
-            policy._idle_gate.release()  # the step ends
+            policy._rollout_gate.idle.release()  # the step ends
             assert policy.wait_for_weight_update_done(timeout=10)
             assert policy.weight_version == version
             fingerprint = policy.get_param_fingerprint()
@@ -213,7 +213,7 @@ def test_strategy_none_has_no_updater_and_never_waits() -> None:
     policy.init_eval()
     policy.notify_update_weights()
     assert policy.wait_for_weight_update_done(timeout=0)
-    assert policy._updater is None
+    assert policy._weight_updater is None
 
 
 def test_view_mode_parameters_are_views_of_the_slot_and_keep_it_pinned(shm_dir: Path) -> None:

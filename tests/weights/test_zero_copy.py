@@ -24,6 +24,7 @@ from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import COPIES, buffer_checksum
 from rlkube.weights.publisher import PublisherConfig, WeightPublisher
 from rlkube.weights.shm_reader import ShmReader
+from rlkube.weights.version import WeightVersion
 from rlkube.weights.wire import CHANNEL_OPTIONS, FETCH_METHOD, decode_chunk
 from torch import nn
 
@@ -295,7 +296,7 @@ class WatchedDefer:
         monkeypatch.setattr(publisher.board, "wait_streams_done", wrapped)
 
 
-def fetch_stream(address: str, announced: pb.WeightVersion) -> Iterator[bytes]:
+def fetch_stream(address: str, announced: WeightVersion) -> Iterator[bytes]:
     """A remote receiver's fetch of ``announced`` as raw messages, read only as far as the test reads."""
     # No window growth: a stream the test does not read holds the server back after 64 KiB.
     window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 64 << 10)]
@@ -354,7 +355,7 @@ def streamed_publish(
     serving: tuple[WeightPublisher, WeightStoreClient],
     large_trainer: TinyPolicy,
     monkeypatch: pytest.MonkeyPatch,
-) -> tuple[WeightPublisher, WatchedDefer, Iterator[bytes], pb.WeightVersion]:
+) -> tuple[WeightPublisher, WatchedDefer, Iterator[bytes], WeightVersion]:
     """Version 2, sent while a remote fetch streams it; that fetch has read one chunk and waits,
     and the move after the flip is waiting for it."""
     publisher, client = serving
@@ -376,7 +377,7 @@ def streamed_publish(
 
 
 def test_the_move_after_a_flip_waits_until_remote_fetches_of_that_version_end(
-    streamed_publish: tuple[WeightPublisher, WatchedDefer, Iterator[bytes], pb.WeightVersion],
+    streamed_publish: tuple[WeightPublisher, WatchedDefer, Iterator[bytes], WeightVersion],
 ) -> None:
     publisher, defer, stream, announced = streamed_publish
     moved_before = COPIES.snapshot().get("copy_resident_into_slot", (0, 0))[1]
@@ -391,7 +392,7 @@ def test_the_move_after_a_flip_waits_until_remote_fetches_of_that_version_end(
 
 
 def test_a_trainer_that_needs_its_tensors_does_not_wait_for_a_slow_remote_fetch(
-    streamed_publish: tuple[WeightPublisher, WatchedDefer, Iterator[bytes], pb.WeightVersion],
+    streamed_publish: tuple[WeightPublisher, WatchedDefer, Iterator[bytes], WeightVersion],
     large_trainer: TinyPolicy,
 ) -> None:
     publisher, defer, stream, announced = streamed_publish

@@ -9,6 +9,9 @@ etcd's data, a log per process and a kubeconfig per identity. The API server ser
 authenticates client certificates; authorization is Node,RBAC, so every client has exactly the
 rights its identity grants (the controller-manager acts under one ServiceAccount per controller).
 The ServiceAccount admission plugin and the TokenRequest API give pods their projected tokens.
+The API server keeps an audit log of the requests of operators (users in :data:`AUDITED_GROUP`,
+and ServiceAccounts outside kube-system): :meth:`audit` reads it, so a test can tell which verbs an
+operator used and whose writes are whose.
 :meth:`start` returns once each component reports healthy; :meth:`stop` ends every process.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -41,6 +45,20 @@ ISSUER = "https://kubernetes.default.svc.cluster.local"
 #: How long one component may take to report healthy (a loaded 2-core machine is slow to start Go).
 START_TIMEOUT = 120.0
 _STOP_GRACE = 15.0
+#: Client identities in this group (see :meth:`ControlPlane.kubeconfig_for`) are audited.
+AUDITED_GROUP = "rlkube:audited"
+#: Metadata of every request by an audited user or a ServiceAccount outside kube-system (the
+#: controllers'), nothing of anyone else's: the log stays small however long the tests run.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+        {"level": "Metadata", "userGroups": [AUDITED_GROUP, "system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
 
 
 class ControlPlaneError(RuntimeError):
@@ -62,6 +80,22 @@ def etcd_binary() -> Path:
     return Path(on_path)
 
 
+@dataclass(frozen=True)
+class AuditEntry:
+    """One request as the API server's audit log recorded it."""
+
+    user: str
+    verb: str  # get, list, watch, create, update, patch, delete, deletecollection
+    group: str  # the API group ("" for the core group)
+    resource: str  # "" for a non-resource URL
+    subresource: str
+    namespace: str
+    code: int  # the HTTP status answered
+    #: Whether authorization (RBAC, the Node authorizer) allowed it: a 403 for another reason
+    #: (a namespace being deleted refuses new objects) is still "allow".
+    allowed: bool
+
+
 @dataclass
 class _Component:
     name: str
@@ -81,6 +115,7 @@ class ControlPlane:
         self.pki_dir = self.workdir / "pki"
         self.port = 0
         self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.audit_log = self.workdir / "logs" / "audit.log"
 
     @property
     def url(self) -> str:
@@ -108,6 +143,9 @@ class ControlPlane:
         etcd_url = self._start_etcd()
         self.port = free_port()
         self.kubeconfig = self._write_kubeconfig("admin", admin)
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
         self._start_component(
             "kube-apiserver",
             binaries / "kube-apiserver",
@@ -130,6 +168,11 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 "--profiling=false",
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",  # an event is in the file when its answer is sent
+                "--audit-log-maxsize=0",
             ],
             health="/readyz",
         )
@@ -169,6 +212,31 @@ class ControlPlane:
         """A kubeconfig that authenticates as ``user`` in ``groups`` (a client certificate)."""
         name = user.replace(":", "-")
         return self._write_kubeconfig(name, self.ca.client(name, user=user, groups=groups))
+
+    def audit(self) -> list[AuditEntry]:
+        """Every audited request so far, oldest first (see :data:`AUDIT_POLICY`)."""
+        if not self.audit_log.exists():
+            return []
+        entries = []
+        for line in self.audit_log.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:  # a line being written
+                continue
+            ref = event.get("objectRef") or {}
+            entries.append(
+                AuditEntry(
+                    user=event["user"]["username"],
+                    verb=event["verb"],
+                    group=ref.get("apiGroup", ""),
+                    resource=ref.get("resource", ""),
+                    subresource=ref.get("subresource", ""),
+                    namespace=ref.get("namespace", ""),
+                    code=int((event.get("responseStatus") or {}).get("code", 0)),
+                    allowed=(event.get("annotations") or {}).get("authorization.k8s.io/decision") != "forbid",
+                )
+            )
+        return entries
 
     def stop(self) -> None:
         """End every component, newest first: SIGTERM, then SIGKILL after a grace period."""

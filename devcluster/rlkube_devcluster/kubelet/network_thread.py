@@ -18,6 +18,8 @@ class NetworkThread:
         self.socket_dir = socket_dir
         self.loop = asyncio.new_event_loop()
         self.networks = JobNetworks(socket_dir)
+        self._lock = threading.Lock()
+        self._busy: dict[str, set[tuple[str, str]]] = {}
         self.thread = threading.Thread(target=self.loop.run_forever, name="job-networks", daemon=True)
         self.thread.start()
 
@@ -29,9 +31,32 @@ class NetworkThread:
 
         return asyncio.run_coroutine_threadsafe(ports(), self.loop).result()
 
+    def get(self, namespace: str, job: str) -> JobPorts | None:
+        """The job's ports if it has any now."""
+
+        async def get() -> JobPorts | None:
+            return self.networks.get(namespace, job)
+
+        return asyncio.run_coroutine_threadsafe(get(), self.loop).result()
+
+    def busy(self, agent: str, jobs: set[tuple[str, str]]) -> None:
+        """``agent`` has pods of ``jobs`` (namespace, job) now; jobs no agent has are released
+        (their ports forgotten, their coordinator proxy closed)."""
+        with self._lock:
+            self._busy[agent] = set(jobs)
+            union = set().union(*self._busy.values())
+
+        async def release() -> None:
+            self.networks.release_all_but(union)
+
+        asyncio.run_coroutine_threadsafe(release(), self.loop).result()
+
+    def coordinator_socket(self, namespace: str, job: str) -> Path:
+        return proxy_socket(self.socket_dir, namespace, job)
+
     def coordinator_target(self, namespace: str, job: str) -> str:
         """Where a job's coordinator answers from outside the pods (the operator's address)."""
-        return f"unix://{proxy_socket(self.socket_dir, namespace, job)}"
+        return f"unix://{self.coordinator_socket(namespace, job)}"
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.networks.close(), self.loop).result()

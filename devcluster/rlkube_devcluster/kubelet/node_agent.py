@@ -18,8 +18,14 @@ exactly a kubelet's rights. It
    grace period, and is then deleted for good (grace period 0, preconditioned on its uid).
 
 The loop polls the node's pods (a field selector on ``spec.nodeName``) every ``poll_interval``.
+Run as root, each container gets a mount namespace of its own in which its projected volumes
+(the ServiceAccount token, the cluster's CA, the namespace) are at their ``mountPath``, where the
+kubernetes client's in-cluster config looks for them (:func:`.sandbox.in_mount_namespace`). With
+``stand_in`` set, every container runs that command instead of its own (``sleep infinity``): pods
+are Running and Ready, nothing of theirs runs, and killing the process is a container crash.
+
 What it does not do: images, resource limits, probes, init containers (reported Completed), and a
-network per pod: every pod is 127.0.0.1. As the process kubelet does, it rewrites an RLJob pod's
+network per pod: every pod is 127.0.0.1. So it rewrites an RLJob pod's
 service names and ports to this host's (:mod:`.podnet`, with the ``networks`` every agent of the
 machine shares: :class:`.network_thread.NetworkThread`, which also opens each job's coordinator
 proxy for the operator). A container sees its projected files at the
@@ -35,7 +41,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,14 +50,19 @@ from typing import Any
 from rlkube import contract
 from rlkube.launch.processes import RestartBackOff, signal_group, spawn
 
-from rlkube_devcluster.emulator.controllers import pod_environment
-from rlkube_devcluster.emulator.store import now_rfc3339
 from rlkube_devcluster.kubelet.api_client import ApiError, KubeApi
+from rlkube_devcluster.kubelet.downward import now_rfc3339, pod_environment
 from rlkube_devcluster.kubelet.network_thread import NetworkThread
 from rlkube_devcluster.kubelet.pod_run import PodRun, base_env
 from rlkube_devcluster.kubelet.pod_status import ContainerView, pod_event, pod_status
 from rlkube_devcluster.kubelet.podnet import cluster_addresses
-from rlkube_devcluster.kubelet.sandbox import Node, PodSandbox, SandboxError, container_command
+from rlkube_devcluster.kubelet.sandbox import (
+    Node,
+    PodSandbox,
+    SandboxError,
+    container_command,
+    in_mount_namespace,
+)
 from rlkube_devcluster.kubelet.termination import (
     TERMINATION_PATH_VARIABLE,
     fresh_termination_file,
@@ -106,8 +117,16 @@ class NodeAgent:
         python: str = sys.executable,
         environ: Mapping[str, str] | None = None,
         networks: NetworkThread | None = None,
+        stand_in: Sequence[str] | None = None,
+        mount_namespaces: bool | None = None,
+        memory: Path | None = None,
+        claims: Path | None = None,
     ) -> None:
         self.name = name
+        self.stand_in = list(stand_in) if stand_in is not None else None
+        if mount_namespaces is None:
+            mount_namespaces = os.geteuid() == 0 and shutil.which("unshare") is not None
+        self.mount_namespaces = mount_namespaces
         self.networks = networks
         self.workdir = workdir
         self.capacity = capacity
@@ -123,7 +142,11 @@ class NodeAgent:
         self.python = python
         self.base_env = base_env(os.environ if environ is None else environ)
         self.api = KubeApi(kubeconfig)
-        self.node = Node(name, workdir / "disk", workdir / "memory")
+        # The node's memory (emptyDir medium Memory, /dev/shm paths): a directory under /dev/shm
+        # where the caller gives one; PersistentVolumeClaims: one directory per claim, which
+        # agents of one machine share when given the same ``claims``.
+        self.node = Node(name, workdir / "disk", memory or workdir / "memory")
+        self.claims = claims or workdir / "claims"
         self.runs: dict[str, PodRun] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"node-agent-{name}", daemon=True)
@@ -272,6 +295,8 @@ class NodeAgent:
                 run.deleting = True
                 run.grace = 0.0
             self._step(run, pods.get(uid), now)
+        if self.networks is not None:
+            self.networks.busy(self.name, {(r.namespace, r.job) for r in self.runs.values() if r.job})
 
     def _admit(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -362,7 +387,9 @@ class NodeAgent:
 
     def _start(self, run: PodRun, pod: dict[str, Any], now: float) -> None:
         try:
-            command, env = self._prepare(run, pod)
+            command, env = (
+                (list(self.stand_in), dict(self.base_env)) if self.stand_in else self._prepare(run, pod)
+            )
         except (SandboxError, ValueError, OSError, ApiError) as exc:
             run.failures += 1
             run.next_start = now + self.backoff.delay(run.failures)
@@ -394,7 +421,7 @@ class NodeAgent:
 
     def _prepare(self, run: PodRun, pod: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         if run.sandbox is None:
-            run.sandbox = PodSandbox(pod, run.node, self.workdir / "claims")
+            run.sandbox = PodSandbox(pod, run.node, self.claims)
         run.sandbox.create()
         base = f"/api/v1/namespaces/{run.namespace}"
         run.sandbox.write_config_maps(lambda name: self.api.get_or_none(f"{base}/configmaps/{name}"))
@@ -412,7 +439,11 @@ class NodeAgent:
             directory.mkdir(parents=True, exist_ok=True)
         env[TERMINATION_PATH_VARIABLE] = str(fresh_termination_file(run))
         cluster = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.api_port)}
-        return container_command(run.container, python=self.python), {**self.base_env, **cluster, **env}
+        command = container_command(run.container, python=self.python)
+        binds = run.sandbox.projected_mounts(run.container)
+        if self.mount_namespaces and binds:
+            command = in_mount_namespace(command, binds)
+        return command, {**self.base_env, **cluster, **env}
 
     def _token(self, pod: dict[str, Any], audience: str | None, seconds: int) -> str:
         """A token for the pod's ServiceAccount, bound to the pod (TokenRequest), as the kubelet gets it."""
@@ -436,6 +467,18 @@ class NodeAgent:
             f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token", request
         )
         return str(answer["status"]["token"])
+
+    def processes(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(namespace, pod) -> pid (None while not running), restarts, node, terminating."""
+        return {
+            (r.namespace, r.name): {
+                "pid": r.pid if r.popen is not None else None,
+                "restarts": r.restarts,
+                "node": self.name,
+                "terminating": r.deleting,
+            }
+            for r in sorted(list(self.runs.values()), key=lambda r: not r.deleting)  # a live pod wins
+        }
 
     # Reporting -----------------------------------------------------------------------------------
 

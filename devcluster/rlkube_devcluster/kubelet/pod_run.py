@@ -1,6 +1,6 @@
-"""One pod as the process kubelet tracks it: its container's process, restarts and back-off.
+"""One pod as the node agent tracks it: its container's process, restarts and back-off.
 
-The values of :mod:`rlkube_devcluster.kubelet.process_kubelet`; ``base_env`` is the env a container
+The values of :mod:`rlkube_devcluster.kubelet.node_agent`; ``base_env`` is the env a container
 starts from. Back-off, signalling and spawning are :mod:`rlkube.launch.processes`, shared with
 ``rlkube run``.
 """

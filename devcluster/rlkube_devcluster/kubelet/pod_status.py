@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlkube_devcluster.emulator.store import now_rfc3339
+from rlkube_devcluster.kubelet.downward import now_rfc3339
 
 SKIPPED_INIT = "skipped by the cluster-in-a-box kubelet (processes run as the current user)"
 CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready")

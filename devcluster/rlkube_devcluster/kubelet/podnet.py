@@ -29,7 +29,7 @@ port, so the operator runs with ``RLKUBE_COORDINATOR_ADDRESS=unix://<socket_dir>
 and needs nothing else.
 
 :func:`cluster_addresses` is pure; :class:`JobNetworks` (each job's ports and proxy) and
-:class:`ServiceProxy` run on the emulator's event loop.
+:class:`ServiceProxy` run on an event loop (:class:`.network_thread.NetworkThread`'s).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def cluster_addresses(env: Mapping[str, str], *, job: str, namespace: str, ports
 
 
 class JobNetworks:
-    """The ports and coordinator proxy of every job that has pods on this host (on the emulator's loop)."""
+    """The ports and coordinator proxy of every job that has pods on this host (on its event loop)."""
 
     def __init__(self, socket_dir: Path) -> None:
         self.socket_dir = socket_dir
@@ -143,10 +143,12 @@ class ServiceProxy:
         self.port = port
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._inode: int | None = None
 
     async def start(self) -> ServiceProxy:
         self.path.unlink(missing_ok=True)
         self._server = await asyncio.start_unix_server(self._connect, path=str(self.path))
+        self._inode = self.path.stat().st_ino
         return self
 
     async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -178,7 +180,10 @@ class ServiceProxy:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
             self._server = None
-        self.path.unlink(missing_ok=True)
+        # The path may be a newer proxy's by now (the job's pods came back while this one closed).
+        with contextlib.suppress(OSError):
+            if self._inode is None or self.path.stat().st_ino == self._inode:
+                self.path.unlink()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,6 +1,6 @@
 """What a pod's container is started with on this machine: directories for its volumes, command, env.
 
-For the cluster-in-a-box (:mod:`rlkube_devcluster.kubelet.process_kubelet`). Pure, except
+For the cluster-in-a-box (:mod:`rlkube_devcluster.kubelet.node_agent`). Pure, except
 :meth:`PodSandbox.create` and :meth:`PodSandbox.remove`, which make and remove directories.
 
 A simulated node is two directories: its disk ``<disk_root>/<node>`` and its memory
@@ -36,6 +36,7 @@ the whole group, which is what tini is there for), followed by ``args``. ``rlkub
 from __future__ import annotations
 
 import base64
+import shlex
 import shutil
 import sys
 from collections.abc import Mapping
@@ -236,6 +237,11 @@ class PodSandbox:
                 return host / inside.relative_to(mount_path)
         return None
 
+    def projected_mounts(self, container: Mapping[str, Any]) -> list[tuple[PurePosixPath, Path]]:
+        """(mountPath, host directory) of the container's projected volumes (its ServiceAccount token)."""
+        wanted = {m["mountPath"] for m in container.get("volumeMounts") or [] if m["name"] in self.projected}
+        return [(inside, host) for inside, host in self.mounts(container) if str(inside) in wanted]
+
     def rewrite_paths(self, container: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:
         out = dict(env)
         for name, value in env.items():
@@ -257,6 +263,22 @@ class PodSandbox:
             if env.get(name, "").startswith("/"):
                 dirs.append(Path(env[name]))
         return dirs
+
+
+def in_mount_namespace(command: list[str], binds: list[tuple[PurePosixPath, Path]]) -> list[str]:
+    """``command`` in a mount namespace of its own where each host directory is at its mountPath.
+
+    Libraries that read the ServiceAccount token at the one path Kubernetes mounts it at (the
+    kubernetes client's in-cluster config) find it there. Needs root (``unshare``); the mount
+    points are created on the host's filesystem, empty, the first time.
+    """
+    steps = [
+        f"mkdir -p {shlex.quote(str(inside))} && mount --bind {shlex.quote(str(host))} "
+        f"{shlex.quote(str(inside))}"
+        for inside, host in binds
+    ]
+    script = " && ".join([*steps, 'exec "$@"'])
+    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", *command]
 
 
 def container_command(container: Mapping[str, Any], *, python: str = sys.executable) -> list[str]:

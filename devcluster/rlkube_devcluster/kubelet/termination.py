@@ -1,4 +1,4 @@
-"""The kubelet's termination message handling, for the process kubelet (:mod:`.process_kubelet`).
+"""The kubelet's termination message handling, for the node agent (:mod:`.node_agent`).
 
 A real kubelet creates an empty file on the host for each container start, bind-mounts it at the
 container's ``terminationMessagePath`` (default ``/dev/termination-log``) and, when the container

@@ -291,7 +291,7 @@ class EpisodeStats(_message.Message):
     def __init__(self, returns: _Optional[_Iterable[float]] = ..., lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("task_id", "worker_id", "weight_version", "epoch", "batch", "episodes", "env_steps", "rollout_seconds", "weight_wait_seconds")
+    __slots__ = ("task_id", "worker_id", "weight_version", "epoch", "batch", "episodes", "env_steps", "rollout_seconds", "weight_wait_seconds", "lease_next")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +301,7 @@ class Fragment(_message.Message):
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_NEXT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     worker_id: str
     weight_version: int
@@ -310,19 +311,22 @@ class Fragment(_message.Message):
     env_steps: int
     rollout_seconds: float
     weight_wait_seconds: float
-    def __init__(self, task_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch: _Optional[_Union[TensorBatch, _Mapping]] = ..., episodes: _Optional[_Union[EpisodeStats, _Mapping]] = ..., env_steps: _Optional[int] = ..., rollout_seconds: _Optional[float] = ..., weight_wait_seconds: _Optional[float] = ...) -> None: ...
+    lease_next: bool
+    def __init__(self, task_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch: _Optional[_Union[TensorBatch, _Mapping]] = ..., episodes: _Optional[_Union[EpisodeStats, _Mapping]] = ..., env_steps: _Optional[int] = ..., rollout_seconds: _Optional[float] = ..., weight_wait_seconds: _Optional[float] = ..., lease_next: _Optional[bool] = ...) -> None: ...
 
 class PushAck(_message.Message):
-    __slots__ = ("accepted", "duplicate", "reason", "fragments_acked")
+    __slots__ = ("accepted", "duplicate", "reason", "fragments_acked", "next")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     FRAGMENTS_ACKED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     duplicate: bool
     reason: str
     fragments_acked: int
-    def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., reason: _Optional[str] = ..., fragments_acked: _Optional[int] = ...) -> None: ...
+    next: Task
+    def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., reason: _Optional[str] = ..., fragments_acked: _Optional[int] = ..., next: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class PullShardRequest(_message.Message):
     __slots__ = ("epoch", "rank", "world_size", "wait_seconds")
@@ -385,7 +389,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase_name", "epoch", "max_epochs", "env_steps", "last_return", "episodes", "weight_version", "last_sync_time", "nodes", "workers", "train_ranks", "eval_workers", "steps_per_second", "finished", "message", "fingerprints_consistent", "incarnation", "eval_return", "dropped_stale", "phase", "fragments_refused", "fragments_quarantined", "workers_evicted", "refusals")
+    __slots__ = ("phase_name", "epoch", "max_epochs", "env_steps", "last_return", "episodes", "weight_version", "last_sync_time", "nodes", "workers", "train_ranks", "eval_workers", "steps_per_second", "finished", "message", "fingerprints_consistent", "incarnation", "eval_return", "dropped_stale", "phase", "fragments_refused", "fragments_quarantined", "workers_evicted", "refusals", "failure_reason")
     class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         Starting: _ClassVar[JobStatus.Phase]
@@ -396,6 +400,12 @@ class JobStatus(_message.Message):
     Running: JobStatus.Phase
     Complete: JobStatus.Phase
     Failed: JobStatus.Phase
+    class EngineFailure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TrainingFailed: _ClassVar[JobStatus.EngineFailure]
+        NonFiniteWeights: _ClassVar[JobStatus.EngineFailure]
+    TrainingFailed: JobStatus.EngineFailure
+    NonFiniteWeights: JobStatus.EngineFailure
     PHASE_NAME_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +430,7 @@ class JobStatus(_message.Message):
     FRAGMENTS_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     WORKERS_EVICTED_FIELD_NUMBER: _ClassVar[int]
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     phase_name: str
     epoch: int
     max_epochs: int
@@ -444,4 +455,5 @@ class JobStatus(_message.Message):
     fragments_quarantined: int
     workers_evicted: int
     refusals: _containers.RepeatedCompositeFieldContainer[FragmentRefusal]
-    def __init__(self, phase_name: _Optional[str] = ..., epoch: _Optional[int] = ..., max_epochs: _Optional[int] = ..., env_steps: _Optional[int] = ..., last_return: _Optional[float] = ..., episodes: _Optional[int] = ..., weight_version: _Optional[int] = ..., last_sync_time: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeWeights, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., train_ranks: _Optional[int] = ..., eval_workers: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., fingerprints_consistent: _Optional[bool] = ..., incarnation: _Optional[str] = ..., eval_return: _Optional[float] = ..., dropped_stale: _Optional[int] = ..., phase: _Optional[_Union[JobStatus.Phase, str]] = ..., fragments_refused: _Optional[int] = ..., fragments_quarantined: _Optional[int] = ..., workers_evicted: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[FragmentRefusal, _Mapping]]] = ...) -> None: ...
+    failure_reason: JobStatus.EngineFailure
+    def __init__(self, phase_name: _Optional[str] = ..., epoch: _Optional[int] = ..., max_epochs: _Optional[int] = ..., env_steps: _Optional[int] = ..., last_return: _Optional[float] = ..., episodes: _Optional[int] = ..., weight_version: _Optional[int] = ..., last_sync_time: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeWeights, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., train_ranks: _Optional[int] = ..., eval_workers: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., fingerprints_consistent: _Optional[bool] = ..., incarnation: _Optional[str] = ..., eval_return: _Optional[float] = ..., dropped_stale: _Optional[int] = ..., phase: _Optional[_Union[JobStatus.Phase, str]] = ..., fragments_refused: _Optional[int] = ..., fragments_quarantined: _Optional[int] = ..., workers_evicted: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[FragmentRefusal, _Mapping]]] = ..., failure_reason: _Optional[_Union[JobStatus.EngineFailure, str]] = ...) -> None: ...

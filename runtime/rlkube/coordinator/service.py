@@ -184,12 +184,15 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
             episode_lengths=tuple(request.episodes.lengths),
             rollout_seconds=request.rollout_seconds,
             weight_wait_seconds=request.weight_wait_seconds,
+            received=request if fragment is not None else None,
+            lease_next=request.lease_next,
         )
         return pb.PushAck(
             accepted=outcome.accepted,
             duplicate=outcome.duplicate,
             reason=outcome.reason,
             fragments_acked=self.coordinator.progress.fragments,
+            next=task_to_proto(outcome.next) if request.lease_next else None,
         )
 
     def PullShard(self, request: pb.PullShardRequest, context: grpc.ServicerContext) -> Iterator[pb.Fragment]:

@@ -35,7 +35,7 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from rlkube.contract import CoordinatorPhase
+from rlkube.contract import CoordinatorPhase, EngineFailure
 from rlkube.coordinator.edge import (
     MAX_EPISODES_PER_PUSH,
     MAX_FINGERPRINT_ENTRIES,
@@ -103,6 +103,7 @@ class EngineStatus:
     message: str | None = None
     finished: bool | None = None
     train_ranks: int | None = None
+    failure_reason: EngineFailure | None = None  # why, when phase is FAILED
 
     def merged(self, update: EngineStatus) -> EngineStatus:
         """This status with the fields ``update`` gives."""
@@ -129,6 +130,8 @@ class PushOutcome:
     accepted: bool
     duplicate: bool = False
     reason: str = ""
+    #: The pusher's next task when it asked for one (``lease_next``): a task, STOP, or None (none now).
+    next: TaskSpec | str | None = None
 
 
 @dataclass
@@ -193,6 +196,9 @@ class Coordinator:
         self.replayed = 0
         self._replay: deque[tuple[str, Fragment]] = deque()  # taken back, waiting for buffer room
         self._reported: dict[str, set[WeightKey]] = {}  # worker -> keys it reported
+        self._committing: set[str] = (
+            set()
+        )  # tasks acknowledged on the board, their journal entry being written
         #: Fragments refused or quarantined, per pod, and the pods evicted for them.
         self.refusals = RefusalLedger()
         self._published_versions: set[int] = set()  # by this incarnation (the newest 64)
@@ -285,6 +291,8 @@ class Coordinator:
         episode_lengths: tuple[int, ...] = (),
         rollout_seconds: float = 0.0,
         weight_wait_seconds: float = 0.0,
+        received: Any = None,
+        lease_next: bool = False,
     ) -> PushOutcome:
         """Accept the first push of a task from its lease holder; later pushes of it are duplicates.
 
@@ -292,6 +300,12 @@ class Coordinator:
         task's lease holder, or not the worker whose push was acknowledged; INVALID for
         trajectories that do not fit the job's schema, the task's shape, or are not finite (the
         task goes back to the queue for another worker).
+
+        A fragment is journalled outside the lock (other pushes, leases and the engine go on
+        meanwhile; see ``coordinator.journal``) and acknowledged once it is durable; a retry of it
+        that arrives meanwhile waits for that. ``received``: the wire message ``fragment`` came in
+        (the journal writes its batch as it is). ``lease_next``: the outcome also carries the
+        worker's next task (:attr:`PushOutcome.next`), saving it a LeaseTask round trip.
         """
         check_name("task_id", task_id, required=True)
         check_name("worker_id", worker_id, required=True)
@@ -304,14 +318,22 @@ class Coordinator:
         with self._cond:
             if self.members.touch(worker_id, now=self.clock()) is None:
                 raise Refused(Refusal.DENIED, "the pushing worker is not registered with this coordinator")
+            while task_id in self._committing:  # its first push is being journalled: answer as that does
+                self._cond.wait(1.0)
             acked_by = self.board.acked_by(task_id)
             if acked_by is not None:
                 if acked_by != worker_id:
                     raise Refused(Refusal.DENIED, f"task {task_id} was pushed by another worker")
                 self.progress.duplicates += 1
-                return PushOutcome(accepted=True, duplicate=True)
+                return PushOutcome(
+                    accepted=True, duplicate=True, next=self._lease_next(worker_id, lease_next)
+                )
             if not self.board.is_open(task_id):
-                return PushOutcome(accepted=False, reason=f"task {task_id} is not open (an earlier epoch?)")
+                return PushOutcome(
+                    accepted=False,
+                    reason=f"task {task_id} is not open (an earlier epoch?)",
+                    next=self._lease_next(worker_id, lease_next),
+                )
             if self.board.holder(task_id) != worker_id:
                 raise Refused(Refusal.DENIED, f"task {task_id} is not leased to this worker")
             task = self.board.task(task_id)
@@ -322,37 +344,57 @@ class Coordinator:
                 return PushOutcome(accepted=False, reason=f"task {task_id} is not open")
             if task.kind is TaskKind.EVALUATE:
                 self._evaluations[task_id] = (episode_returns, episode_lengths)
-            else:
-                assert fragment is not None
-                if self.journal is not None:  # durable before it is acknowledged
-                    try:  # a stream's fragment belongs to the step that takes it (``wait_batch``)
-                        epoch = None if self.board.streaming else task.epoch
-                        self.journal.record(
-                            epoch=epoch, fragment=fragment, key=task_id, worker=self._name_of(worker_id)
-                        )
-                    except OSError as exc:
-                        self.journal_error = exc
-                        self._cond.notify_all()
-                        raise
-                added = self.buffer.add(task_id, fragment)
-                if added is AddResult.FULL:  # cannot happen while the board bounds the work; be safe
-                    self.board.release_worker(worker_id)
-                    return PushOutcome(accepted=False, reason="trajectory buffer is full; retry")
-                if self.schema is None:
-                    self.schema = TrajectorySchema.of(fragment.data)
-                self.progress.record_fragment(
-                    env_steps=fragment.env_steps,
-                    episodes=len(fragment.episode_returns),
-                    now=self.clock(),
-                    rollout_seconds=rollout_seconds,
-                    weight_wait_seconds=weight_wait_seconds,
-                )
-                worker = self.members.get(worker_id)
-                if worker is not None:
-                    worker.fragments_pushed += 1
-                    worker.env_steps += fragment.env_steps
+                self._cond.notify_all()
+                return PushOutcome(accepted=True, next=self._lease_next(worker_id, lease_next))
+            assert fragment is not None
+            journal = self.journal
+            # A stream's fragment belongs to the step that takes it (``wait_batch``).
+            epoch = None if self.board.streaming else task.epoch
+            name = self._name_of(worker_id)
+            if journal is not None:
+                self._committing.add(task_id)
+        if journal is not None:  # durable before it is acknowledged; outside the lock
+            try:
+                journal.record(epoch=epoch, fragment=fragment, key=task_id, worker=name, received=received)
+            except OSError as exc:
+                with self._cond:
+                    self._committing.discard(task_id)
+                    self.board.withdraw(task_id)
+                    self.journal_error = exc
+                    self._cond.notify_all()
+                raise
+        with self._cond:
+            self._committing.discard(task_id)
+            added = self.buffer.add(task_id, fragment)
+            if added is AddResult.FULL:  # cannot happen while the board bounds the work; be safe
+                self.board.release_worker(worker_id)
+                self._cond.notify_all()
+                return PushOutcome(accepted=False, reason="trajectory buffer is full; retry")
+            if self.schema is None:
+                self.schema = TrajectorySchema.of(fragment.data)
+            self.progress.record_fragment(
+                env_steps=fragment.env_steps,
+                episodes=len(fragment.episode_returns),
+                now=self.clock(),
+                rollout_seconds=rollout_seconds,
+                weight_wait_seconds=weight_wait_seconds,
+            )
+            worker = self.members.get(worker_id)
+            if worker is not None:
+                worker.fragments_pushed += 1
+                worker.env_steps += fragment.env_steps
             self._cond.notify_all()
-            return PushOutcome(accepted=True)
+            return PushOutcome(accepted=True, next=self._lease_next(worker_id, lease_next))
+
+    def _lease_next(self, worker_id: str, wanted: bool) -> TaskSpec | str | None:
+        """The next task of a worker that asked for it with its push (no wait; None: none now)."""
+        if not wanted:
+            return None
+        if self.snapshot.finished:
+            return STOP
+        if self.members.get(worker_id) is None:
+            return None
+        return self.board.lease(worker_id)
 
     def _check_fragment(self, task: TaskSpec, worker_id: str, fragment: Fragment | None) -> None:
         """Refuse (INVALID, requeueing the task) trajectories the trainer could not train on."""
@@ -621,10 +663,20 @@ class Coordinator:
             self.snapshot = self.snapshot.merged(status)
             self._cond.notify_all()
 
-    def finish(self, *, phase: CoordinatorPhase = CoordinatorPhase.COMPLETE, message: str = "") -> None:
-        """The job is over: leases answer STOP, the board is closed."""
+    def finish(
+        self,
+        *,
+        phase: CoordinatorPhase = CoordinatorPhase.COMPLETE,
+        message: str = "",
+        failure_reason: EngineFailure | None = None,
+    ) -> None:
+        """The job is over: leases answer STOP, the board is closed. A failed job names its
+        ``failure_reason`` (default: :attr:`EngineFailure.TRAINING_FAILED`)."""
+        phase = CoordinatorPhase(phase)
+        if phase is CoordinatorPhase.FAILED and failure_reason is None:
+            failure_reason = EngineFailure.TRAINING_FAILED
         with self._cond:
-            done = EngineStatus(finished=True, phase=CoordinatorPhase(phase), message=message)
+            done = EngineStatus(finished=True, phase=phase, message=message, failure_reason=failure_reason)
             self.snapshot = self.snapshot.merged(done)
             self.board.close()
             self._cond.notify_all()

@@ -173,6 +173,24 @@ class TaskBoard:
                 self._epoch_acked += 1
         return AckResult.ACCEPTED, task
 
+    def withdraw(self, task_id: str) -> None:
+        """Undo the acknowledgement of ``task_id`` (its fragment could not be made durable): the task
+        goes back to the front of the queue, as if never pushed."""
+        if task_id not in self._acked:
+            return
+        self._acked.discard(task_id)
+        self._acked_by.pop(task_id, None)
+        task = self._open.get(task_id)
+        if task is None:
+            return
+        if task.kind is TaskKind.COLLECT:
+            if self._stream:
+                self._stream_waiting = max(0, self._stream_waiting - 1)
+                del self._open[task_id]  # a stream task is simply minted again
+                return
+            self._epoch_acked = max(0, self._epoch_acked - 1)
+        self._queue.appendleft(task)
+
     def release_worker(self, worker_id: str) -> list[str]:
         """Requeue (at the front) every task leased to ``worker_id``; returns their ids."""
         released = [task for task, holder in self._leases.values() if holder == worker_id]

@@ -43,6 +43,12 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
+#: Bytes per element of every dtype above (computed once: decoding runs per pushed fragment).
+_ITEMSIZE: dict[str, int] = {
+    name: torch.empty((), dtype=dtype).element_size() for name, dtype in _DTYPES.items()
+}
+
+
 class WireError(ValueError):
     """A TensorDict that cannot be encoded, or a manifest/payload pair that does not fit together."""
 
@@ -192,7 +198,7 @@ def validate_manifest(manifest: Manifest, payload_size: int) -> None:
             count *= dim
         if count > MAX_ELEMENTS:
             raise WireError(f"{key}: {count} elements; at most {MAX_ELEMENTS}")
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = _ITEMSIZE[meta.dtype]
         if count * itemsize != meta.nbytes or meta.offset < 0 or meta.offset + meta.nbytes > payload_size:
             raise WireError(
                 f"{key}: shape {shape} of {meta.dtype} is {count * itemsize} bytes, "
@@ -208,8 +214,16 @@ def decode(manifest: Manifest, payload: bytes | bytearray | memoryview) -> Tenso
     if size < manifest.total_bytes:
         raise WireError(f"payload has {size} bytes, the manifest needs {manifest.total_bytes}")
     validate_manifest(manifest, size)
-    read_only = memoryview(payload).readonly
-    td = TensorDict({}, batch_size=manifest.batch_size)
+    with warnings.catch_warnings():
+        if memoryview(payload).readonly:  # views of received bytes; the module docstring says so
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        leaves = _views(manifest, payload, size)
+    return TensorDict(leaves, batch_size=manifest.batch_size)
+
+
+def _views(manifest: Manifest, payload: bytes | bytearray | memoryview, size: int) -> dict[str, Any]:
+    """Every leaf as a tensor viewing ``payload``, nested by key part."""
+    leaves: dict[str, Any] = {}
     for meta in manifest.tensors:
         dtype = _DTYPES.get(meta.dtype)
         if dtype is None:
@@ -217,7 +231,7 @@ def decode(manifest: Manifest, payload: bytes | bytearray | memoryview) -> Tenso
         count = 1
         for dim in meta.shape:
             count *= dim
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = _ITEMSIZE[meta.dtype]
         if count * itemsize != meta.nbytes or meta.offset + meta.nbytes > size:
             raise WireError(
                 f"{meta.key}: shape {meta.shape} of {meta.dtype} is {count * itemsize} bytes, "
@@ -225,11 +239,16 @@ def decode(manifest: Manifest, payload: bytes | bytearray | memoryview) -> Tenso
             )
         if count == 0:
             tensor = torch.empty(meta.shape, dtype=dtype)
-        elif read_only:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="The given buffer is not writable")
-                tensor = torch.frombuffer(payload, dtype=dtype, count=count, offset=meta.offset)
         else:
             tensor = torch.frombuffer(payload, dtype=dtype, count=count, offset=meta.offset)
-        td.set(tuple(meta.key.split(KEY_SEPARATOR)), tensor.view(meta.shape))
-    return td
+        *parents, name = meta.key.split(KEY_SEPARATOR)
+        node = leaves
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise WireError(f"{meta.key}: {part} is both a tensor and a group of tensors")
+            node = child
+        if name in node:
+            raise WireError(f"{meta.key}: {name} is both a tensor and a group of tensors")
+        node[name] = tensor.view(meta.shape)
+    return leaves

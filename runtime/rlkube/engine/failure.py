@@ -2,9 +2,9 @@
 
 Pure check (:func:`non_finite_parameter`) plus a small marker file (``FAILED.json``, I/O) beside
 ``COMPLETE.json``: a restarted rank 0 that finds it serves the failure instead of training
-again, and the local launcher ends the run with its message. The reason is a CamelCase word
-(``NonFiniteWeights``) at the start of the message, which the operator turns into the reason of
-the job's ``Failed`` condition.
+again, and the local launcher ends the run with its message. The reason
+(:class:`rlkube.contract.EngineFailure`) travels to the operator as ``JobStatus.failure_reason``,
+the reason of the job's ``Failed`` condition.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
+from rlkube.contract import EngineFailure
+
 FAILED_FILE = "FAILED.json"
-NON_FINITE_WEIGHTS = "NonFiniteWeights"
+NON_FINITE_WEIGHTS = EngineFailure.NON_FINITE_WEIGHTS
 
 
 class NonFiniteWeights(RuntimeError):
@@ -56,3 +58,11 @@ def read_failure(directory: Path) -> dict[str, str] | None:
     except (OSError, ValueError):
         return None
     return {"reason": str(data.get("reason", "")), "message": str(data.get("message", ""))}
+
+
+def recorded_reason(recorded: Mapping[str, str]) -> EngineFailure:
+    """The reason of a :func:`read_failure` record (one this version does not name: TRAINING_FAILED)."""
+    try:
+        return EngineFailure(recorded.get("reason", ""))
+    except ValueError:
+        return EngineFailure.TRAINING_FAILED

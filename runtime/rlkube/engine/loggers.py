@@ -18,8 +18,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rlkube.engine.report import EpochRecord, RunObserver, RunStart, RunSummary, TensorBoardLog, epoch_scalars
-from rlkube.spec import LogBackend, LogSpec, WandbSpec
+from rlkube.engine.report import (
+    EpochRecord,
+    LearningCurve,
+    RunObserver,
+    RunStart,
+    RunSummary,
+    SummaryFiles,
+    TensorBoardLog,
+    epoch_scalars,
+)
+from rlkube.engine.run_paths import RunPaths
+from rlkube.spec import LogBackend, LogSpec, RLJob, WandbSpec
 
 #: The x axis of every W&B chart.
 STEP_METRIC = "env_steps"
@@ -93,6 +103,21 @@ class WandbLog:
         self.run.summary.update(figures)
         self.run.finish()
         self.run = None
+
+
+def run_observers(
+    job: RLJob, paths: RunPaths, *, extra_summary: str | os.PathLike[str] | None = None
+) -> list[RunObserver]:
+    """What every run records, whoever runs it: the log backends, the learning curve and
+    ``summary.json`` (also at ``extra_summary``); the caller adds how it shows progress."""
+    observers = backend_observers(
+        job.spec.log,
+        run_dir=paths.run_dir,
+        tensorboard_dir=paths.tensorboard,
+        job=job.name,
+        config=job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    )
+    return [*observers, LearningCurve(paths.plot), SummaryFiles(paths.summary, extra_summary)]
 
 
 def backend_observers(

@@ -256,7 +256,9 @@ class RankZeroEngine:
                 f"version {version} was not published"
             )
             write_failure(self.ctx.paths.checkpoints, reason=NON_FINITE_WEIGHTS, message=message)
-            self.coordinator.finish(phase=CoordinatorPhase.FAILED, message=message)
+            self.coordinator.finish(
+                phase=CoordinatorPhase.FAILED, message=message, failure_reason=NON_FINITE_WEIGHTS
+            )
             raise NonFiniteWeights(message)
         if self.ctx.sharded:
             self.ctx.channel.barrier()  # the other ranks committed their copies

@@ -1,9 +1,11 @@
 """The eval worker: one pod's EnvGroup and EVAL policy, leasing work from the coordinator.
 
 I/O. Life of a worker: build its env group and EVAL policy, wire the weight plane of the job's
-strategy, register (retrying until the coordinator answers), then lease tasks: load the
+strategy, register (retrying until the coordinator answers), then take tasks: load the
 version the task needs (and report it, with its fingerprint), roll out one fragment or play
 the evaluation episodes, push the result (retried; the coordinator acknowledges a task once).
+Tasks and pushes go through a :class:`~rlkube.engine.task_stream.TaskStream`: each push brings
+the next task back with its acknowledgement, and is sent while the next fragment rolls out.
 A heartbeat thread keeps the registration alive; a coordinator that forgot the worker (it
 restarted, or expired a worker that hung) gets a new registration. A worker waiting for a
 version of an incarnation that died (train rank 0 restarted) stops waiting as soon as it learns
@@ -26,6 +28,7 @@ from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
 from rlkube.coordinator.wire import episodes_only, fragment_to_proto
 from rlkube.engine.pod_metrics import bind_eval_figures
 from rlkube.engine.rollout import RolloutWorker
+from rlkube.engine.task_stream import TaskStream
 from rlkube.envs.group import EnvGroup
 from rlkube.health import POD
 from rlkube.metrics.series import EvalFigures
@@ -40,11 +43,6 @@ logger = logging.getLogger(__name__)
 EVAL_SEED_OFFSET = 1_000_003
 #: Long-poll length of LeaseTask.
 LEASE_WAIT = 5.0
-#: How long a pushed fragment is retried while the coordinator is unreachable.
-PUSH_RETRY_SECONDS = 120.0
-#: After SIGTERM a push is retried this long at most: a coordinator that does not answer while we
-#: drain is gone (stopped with us), and the task goes back to the queue when its lease expires.
-DRAIN_PUSH_SECONDS = 5.0
 
 
 #: While waiting for weights and holding another incarnation's, ask the coordinator this often.
@@ -103,6 +101,7 @@ class EvalWorker:
         self._report_lock = threading.Lock()
         self._group: EnvGroup | None = None
         self._eval_group: EnvGroup | None = None
+        self.tasks = TaskStream(self.client, stop=stop, on_answer=self._answered)
 
     # ------------------------------------------------------------------ life cycle
     def run(self) -> int:
@@ -140,6 +139,7 @@ class EvalWorker:
             reporter.start()
             self._serve(policy, plane, RolloutWorker(self._group, policy, replica=self.env.replica_index))
         finally:
+            self.tasks.close()  # the fragment pushed last is answered before the worker leaves
             if self.worker_id:
                 try:
                     self.client.deregister(self.worker_id, "SIGTERM" if self.stop.is_set() else "finished")
@@ -184,6 +184,7 @@ class EvalWorker:
                     self.stop.wait(10.0)  # evicted (its fragments were refused): not worth a tight loop
                 continue
             self.worker_id = response.worker_id
+            self.tasks.bind(self.worker_id)
             incarnation = response.incarnation or None
             if incarnation != self.incarnation:  # rank 0 restarted: its version numbers start again
                 self.min_version = 0
@@ -242,7 +243,7 @@ class EvalWorker:
                     return
                 POD.ready()
             try:
-                task = self.client.lease(self.worker_id, wait_seconds=LEASE_WAIT)
+                task = self.tasks.next_task(wait_seconds=LEASE_WAIT)
             except CoordinatorError as exc:
                 if exc.code is not None and exc.code.name == "NOT_FOUND":
                     self._registered.clear()  # the coordinator restarted or expired us
@@ -360,17 +361,10 @@ class EvalWorker:
         self.stats.evaluations += 1
 
     def _push(self, message: pb.Fragment) -> None:
-        started = time.monotonic()
+        self.tasks.push(message)  # sent while the next task runs; answered in _answered
 
-        def draining_too_long() -> bool:
-            return self.stop.is_set() and time.monotonic() - started > DRAIN_PUSH_SECONDS
-
-        try:
-            ack = self.client.push(message, retry_for=PUSH_RETRY_SECONDS, should_stop=draining_too_long)
-        except CoordinatorError as exc:
-            logger.warning("could not push %s: %s", message.task_id, exc)
-            return
-        if not ack.accepted:
+    def _answered(self, message: pb.Fragment, ack: pb.PushAck | None) -> None:
+        if ack is not None and not ack.accepted:
             self.stats.rejected.append(message.task_id)
             logger.info("%s not accepted: %s", message.task_id, ack.reason)
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from rlkube import contract, run_policy
-from rlkube.contract import Role
+from rlkube.contract import PodIdentity, Role, TrainRendezvous, build_pod_env
 from rlkube.engine.checkpoint import COMPLETE_FILE
 from rlkube.engine.disk import EXIT_DISK_FAULT, MARK, DiskFault, check_writable, describe, is_disk_error
 from rlkube.engine.failure import read_failure
@@ -159,41 +159,35 @@ def pod_env(layout: Layout, role: Role, index: int, *, metrics_port: int = 0) ->
     """
     spec = layout.job.spec
     node = layout.node_of(role, index)
-    env = {
-        "RLKUBE_JOB_NAME": layout.job.name,
-        "RLKUBE_NAMESPACE": LOCAL_NAMESPACE,
-        "RLKUBE_ROLE": role.value,
-        "RLKUBE_REPLICA_INDEX": str(index),
-        "RLKUBE_POD_NAME": layout.pod_name(role, index),
-        "RLKUBE_NODE_NAME": layout.node_name(node),
-        "RLKUBE_COORDINATOR_ADDR": layout.coordinator_addr,
-        "RLKUBE_SHM_DIR": str(layout.shm_dir(node)),
-        "RLKUBE_RUN_DIR": str(layout.run_dir),
-        "RLKUBE_JOB_CONFIG": str(layout.job_file),
-        "RLKUBE_WEIGHT_PORT": str(layout.ports.weights[index if role is Role.TRAIN else 0]),
-        "RLKUBE_METRICS_PORT": str(metrics_port),
-        "RLKUBE_TOKEN_FILE": str(layout.token_file),
-        "RLKUBE_LISTEN_HOST": layout.node_host(node),
-    }
+    env = build_pod_env(
+        role,
+        job_name=layout.job.name,
+        coordinator_addr=layout.coordinator_addr,
+        shm_dir=str(layout.shm_dir(node)),
+        run_dir=str(layout.run_dir),
+        job_config=str(layout.job_file),
+        weight_port=layout.ports.weights[index if role is Role.TRAIN else 0],
+        metrics_port=metrics_port,
+        token_file=str(layout.token_file),
+        listen_host=layout.node_host(node),
+        train=TrainRendezvous(
+            world_size=spec.trainer.replicas,
+            backend=spec.resolved_backend(cuda_available=_cuda_available()).value,
+            master_addr=layout.netns[0].address if layout.netns else "127.0.0.1",
+            master_port=layout.ports.master,
+            weight_data_port=0,  # the kernel picks it; receivers learn it over gRPC
+        )
+        if role is Role.TRAIN
+        else None,
+        identity=PodIdentity(
+            namespace=LOCAL_NAMESPACE,
+            replica_index=index,
+            pod_name=layout.pod_name(role, index),
+            node_name=layout.node_name(node),
+        ),
+    )
     if layout.netns:  # gloo cannot find a namespace's interface from its host name
         env["GLOO_SOCKET_IFNAME"] = layout.netns[node].interface
-    if role is Role.TRAIN:
-        world = spec.trainer.replicas
-        master = layout.netns[0].address if layout.netns else "127.0.0.1"
-        env |= {
-            "RLKUBE_BACKEND": spec.resolved_backend(cuda_available=_cuda_available()).value,
-            "RLKUBE_WEIGHT_DATA_PORT": "0",  # the kernel picks it; receivers learn it over gRPC
-            "WORLD_SIZE": str(world),
-            "RANK": str(index),
-            "LOCAL_RANK": "0",
-            "MASTER_ADDR": master,
-            "MASTER_PORT": str(layout.ports.master),
-            "PET_NNODES": str(world),
-            "PET_NPROC_PER_NODE": "1",
-            "PET_NODE_RANK": str(index),
-            "PET_MASTER_ADDR": master,
-            "PET_MASTER_PORT": str(layout.ports.master),
-        }
     return env
 
 

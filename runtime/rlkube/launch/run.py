@@ -20,8 +20,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from rlkube.engine.loggers import backend_observers
-from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles
+from rlkube.engine.loggers import run_observers
+from rlkube.engine.report import RunObserver
 from rlkube.engine.run_paths import RunPaths
 from rlkube.failure import describe_exception, format_console
 from rlkube.jobfile import dump_job, load_job
@@ -102,14 +102,7 @@ def run_in_process(job: RLJob, policy_cls: type[BasePolicy], args: argparse.Name
 
 
 def _observers(job: RLJob, paths: RunPaths, args: argparse.Namespace) -> list[RunObserver]:
-    observers: list[RunObserver] = backend_observers(
-        job.spec.log,
-        run_dir=paths.run_dir,
-        tensorboard_dir=paths.tensorboard,
-        job=job.name,
-        config=job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
-    )
-    observers += [LearningCurve(paths.plot), SummaryFiles(paths.summary, args.summary)]
+    observers = run_observers(job, paths, extra_summary=args.summary)
     from rich.console import Console
 
     console = Console(stderr=False)

@@ -39,11 +39,11 @@ from rlkube.engine.async_engine import AsyncEngine
 from rlkube.engine.checkpoint import CheckpointStore
 from rlkube.engine.disk import check_writable
 from rlkube.engine.eval_engine import EvalEngine
-from rlkube.engine.failure import NonFiniteWeights, read_failure
-from rlkube.engine.loggers import backend_observers
+from rlkube.engine.failure import NonFiniteWeights, read_failure, recorded_reason
+from rlkube.engine.loggers import run_observers
 from rlkube.engine.pod_metrics import bind_coordinator
 from rlkube.engine.ranks import RankChannel
-from rlkube.engine.report import LearningCurve, RunObserver, SummaryFiles
+from rlkube.engine.report import RunObserver
 from rlkube.engine.rsl_engine import RSLEngine
 from rlkube.engine.run_paths import RunPaths
 from rlkube.engine.sync_engine import SyncEngine
@@ -196,7 +196,11 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
             return _idle(stop, server)
         if failed is not None:
             logger.error("%s failed: %s; serving the failure", job.name, failed["message"])
-            coordinator.finish(phase=CoordinatorPhase.FAILED, message=failed["message"])
+            coordinator.finish(
+                phase=CoordinatorPhase.FAILED,
+                message=failed["message"],
+                failure_reason=recorded_reason(failed),
+            )
             return _idle(stop, server)
     elif _job_finished(env, stop):
         return _idle(stop, None)
@@ -276,16 +280,7 @@ def _job_finished(env: PodEnv, stop: threading.Event) -> bool:
 
 
 def _observers(job: RLJob, paths: RunPaths) -> list[RunObserver]:
-    observers: list[RunObserver] = backend_observers(
-        job.spec.log,
-        run_dir=paths.run_dir,
-        tensorboard_dir=paths.tensorboard,
-        job=job.name,
-        config=job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
-    )
-    observers += [LearningCurve(paths.plot), SummaryFiles(paths.summary)]
-    observers.append(PlainProgress(interval=job.spec.log.interval_seconds))
-    return observers
+    return [*run_observers(job, paths), PlainProgress(interval=job.spec.log.interval_seconds)]
 
 
 def _idle(

@@ -11,7 +11,9 @@ networks in eval mode and, unless the weight strategy is ``None``, starts the up
 The updater waits for ``notify_update_weights()``, stages the newest snapshot *outside* the
 rollout gate, then commits it inside the gate (the sync idle gate, or the async admission gate
 that stops new requests and waits for in-flight ones, see ``rlkube.policy.gates``), so rollouts
-are blocked only for the pointer swap and a commit never overlaps a rollout step.
+are blocked only for the pointer swap and a commit never overlaps a rollout step. The gate, the
+event loop of async rollouts and the updater thread live in ``rlkube.policy.updater``; the
+methods here keep RLightning's names and delegate to them.
 
 Requests: by default ``rollout_step`` serves one env per call, as in RLightning: it receives one
 env's :class:`~rlkube.envs.types.EnvRet` (``env_id`` a string, the observation without a batch
@@ -56,11 +58,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rlkube.envs.types import EnvRet, PolicyResponse
-from rlkube.policy.gates import AdmissionGate, IdleGate
+from rlkube.policy.updater import InInferenceMode, RolloutGate, WeightUpdater
+from rlkube.policy.weight_source import StagedWeights, WeightSource
 from rlkube.spec import BufferType, WeightStrategy
 
 if TYPE_CHECKING:
-    from rlkube.policy.weight_source import StagedWeights, WeightSource
     from rlkube.spec import PolicySpec, TrainSpec
 
 logger = logging.getLogger(__name__)
@@ -126,19 +128,11 @@ class BasePolicy(nn.Module, ABC):
         self.ready = False
         self.rollout_mode: str = str(getattr(config.rollout_mode, "value", config.rollout_mode))
         self.weight_buffer_strategy: str = config.weight_buffer.strategy.value
-        # eval side
-        self._idle_gate: IdleGate | None = None  # rolloutMode sync
-        self._admission: AdmissionGate | None = None  # rolloutMode async
-        self._update_weights_signal: threading.Event | None = None
-        self._weight_update_done: threading.Event | None = None
-        self._update_lock = threading.Lock()
+        # eval side (rlkube.policy.updater)
+        self._rollout_gate: RolloutGate | None = None
+        self._weight_updater: WeightUpdater | None = None  # strategy None: none
         self._cycle_lock = threading.Lock()  # one stage-and-commit at a time (updater or caller)
-        self._updates_requested = 0  # notify_update_weights() calls so far
-        self._weight_source: WeightSource | None = None
-        self._updater: threading.Thread | None = None
-        self._stop_updater = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._owns_loop = False
+        self._weight_source: WeightSource[BasePolicy] | None = None
         self.weight_version = -1
         self.update_block_seconds: list[float] = []  # time rollouts were gated per update
         self.last_update_error: str | None = None
@@ -210,7 +204,7 @@ class BasePolicy(nn.Module, ABC):
                 "%s: construct_network created no module with trainable parameters", type(self).__name__
             )
 
-    def attach_weight_source(self, source: WeightSource | None) -> None:
+    def attach_weight_source(self, source: WeightSource[BasePolicy] | None) -> None:
         """Called by the framework before ``init_eval``: where the updater thread reads weights."""
         self._weight_source = source
 
@@ -222,25 +216,10 @@ class BasePolicy(nn.Module, ABC):
         for _, model in self.model_list:
             model.eval()
             model.requires_grad_(False)
-        if self.rollout_mode == "sync":
-            self._idle_gate = IdleGate()
-        elif self.rollout_mode == "async":
-            try:
-                self._loop = asyncio.get_running_loop()
-            except RuntimeError:  # the framework drives rollouts on this loop (run_until_complete)
-                self._loop = asyncio.new_event_loop()
-                self._owns_loop = True
-            self._admission = AdmissionGate()
-        else:
-            raise ValueError(f"invalid rollout mode {self.rollout_mode!r}: expected 'sync' or 'async'")
+        self._rollout_gate = RolloutGate(self.rollout_mode)
         if self.config.weight_buffer.strategy is not WeightStrategy.NONE:  # None: sync() loads, no thread
-            self._update_weights_signal = threading.Event()
-            self._weight_update_done = threading.Event()
-            self._weight_update_done.set()
-            self._updater = threading.Thread(
-                target=self.update_weights, name=f"{type(self).__name__}-updater", daemon=True
-            )
-            self._updater.start()
+            self._weight_updater = WeightUpdater(self.update_weights, name=f"{type(self).__name__}-updater")
+            self._weight_updater.start()  # once set: the thread's update_weights() reads it
         self.is_init = True
 
     def init_train(self, train_config: TrainSpec | Any = None, env_meta: Any = None) -> None:
@@ -312,50 +291,54 @@ class BasePolicy(nn.Module, ABC):
     @torch.inference_mode()
     def _rollout(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
         """Sync rollout under the idle gate (the updater commits only while the policy is idle)."""
-        if self._idle_gate is None:
+        gate = self._rollout_gate.idle if self._rollout_gate is not None else None
+        if gate is None:
             raise RuntimeError("_rollout needs init_eval() with rolloutMode sync (use _rollout_async)")
-        with self._idle_gate.hold():
+        with gate.hold():
             return self.rollout_step(env_ret.to(self.device), **kwargs)
 
     async def _rollout_async(self, env_ret: EnvRet, **kwargs: Any) -> PolicyResponse:
         """Async rollout behind the admission gate; in-flight requests are counted for the updater."""
-        if self._admission is None:
+        admission = self._rollout_gate.admission if self._rollout_gate is not None else None
+        if admission is None:
             raise RuntimeError("_rollout_async needs init_eval() with rolloutMode async (use _rollout)")
-        await self._admission.enter()
+        await admission.enter()
         try:
             with torch.inference_mode():
                 result: Any = self.rollout_step(env_ret.to(self.device), **kwargs)
             if inspect.iscoroutine(result):
-                result = await _InInferenceMode(result)
+                result = await InInferenceMode(result)
             elif inspect.isawaitable(result):
                 result = await result
             return result
         finally:
-            self._admission.leave()
+            admission.leave()
 
     @torch.inference_mode()
     def _postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
         """``postprocess`` under the idle gate (sync mode); in async mode it is not gated."""
-        if self._idle_gate is None:
+        gate = self._rollout_gate.idle if self._rollout_gate is not None else None
+        if gate is None:
             return self.postprocess(env_ret, policy_resp)
-        with self._idle_gate.hold():
+        with gate.hold():
             return self.postprocess(env_ret, policy_resp)
 
     def check_idle(self) -> None:
         """Block until no rollout step or weight commit holds the gate (sync rollout mode only)."""
         assert self.rollout_mode == "sync", "check_idle is only supported in sync rollout mode"
-        if self.role_type is PolicyRole.EVAL and self._idle_gate is not None:
-            self._idle_gate.wait_idle()
+        gate = self._rollout_gate.idle if self._rollout_gate is not None else None
+        if self.role_type is PolicyRole.EVAL and gate is not None:
+            gate.wait_idle()
 
     @property
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         """The loop async rollouts run on: the one running at ``init_eval``, else one made for them."""
-        return self._loop
+        return self._rollout_gate.loop if self._rollout_gate is not None else None
 
     @property
     def num_requests(self) -> int:
         """Async rollout requests admitted and not yet finished."""
-        return self._admission.in_flight if self._admission is not None else 0
+        return self._rollout_gate.in_flight if self._rollout_gate is not None else 0
 
     def get_num_requests(self) -> int:
         return self.num_requests
@@ -363,38 +346,19 @@ class BasePolicy(nn.Module, ABC):
     # ------------------------------------------------------------------ framework: weights
     def notify_update_weights(self) -> None:
         """Tell the updater thread that a newer snapshot exists (no-op for strategy None)."""
-        if self._update_weights_signal is None or self._weight_update_done is None:
-            return
-        with self._update_lock:
-            # "done" is cleared before the signal is raised, and set again only by a cycle that
-            # started after this call, so a waiter never sees an older cycle as this update.
-            self._updates_requested += 1
-            self._weight_update_done.clear()
-            self._update_weights_signal.set()
+        if self._weight_updater is not None:
+            self._weight_updater.notify()
 
     def wait_for_weight_update_done(self, timeout: float | None = None) -> bool:
         """Block until the updater finished its latest cycle; True also when there is no updater."""
-        if self._weight_update_done is None:
+        if self._weight_updater is None:
             return True
-        return self._weight_update_done.wait(timeout=timeout)
+        return self._weight_updater.wait_done(timeout=timeout)
 
     def update_weights(self) -> None:
         """The updater thread: stage outside the gate, commit inside it, forever (until closed)."""
-        assert self._update_weights_signal is not None
-        assert self._weight_update_done is not None
-        while not self._stop_updater.is_set():
-            if not self._update_weights_signal.wait(timeout=0.5):
-                continue
-            with self._update_lock:
-                self._update_weights_signal.clear()
-                serving = self._updates_requested
-            try:
-                if not self._stop_updater.is_set():
-                    self.update_weights_now()
-            finally:
-                with self._update_lock:
-                    if serving == self._updates_requested:
-                        self._weight_update_done.set()
+        assert self._weight_updater is not None
+        self._weight_updater.run(self.update_weights_now)
 
     def update_weights_now(self) -> int | None:
         """Load the newest snapshot in the calling thread; for callers between rollouts.
@@ -440,7 +404,7 @@ class BasePolicy(nn.Module, ABC):
         assert source is not None
         closed = time.perf_counter()
         self._pre_update_weights_hook()
-        if self._idle_gate is not None:
+        if self._rollout_gate is not None and self._rollout_gate.idle is not None:
             closed = time.perf_counter()
         try:
             source.commit(self, staged)
@@ -457,16 +421,12 @@ class BasePolicy(nn.Module, ABC):
 
     def _pre_update_weights_hook(self) -> None:
         """Enter the rollout gate: wait for the step in flight (sync) or drain admitted requests (async)."""
-        if self._idle_gate is not None:
-            self._idle_gate.acquire()
-        elif self._admission is not None:
-            self._admission.close_and_drain()
+        if self._rollout_gate is not None:
+            self._rollout_gate.close_for_commit()
 
     def _post_update_weights_hook(self) -> None:
-        if self._idle_gate is not None:
-            self._idle_gate.release()
-        elif self._admission is not None:
-            self._admission.reopen()
+        if self._rollout_gate is not None:
+            self._rollout_gate.reopen()
 
     def get_param_fingerprint(self) -> dict[str, float]:
         """Per-parameter float32 L2 norms, ``"<module>.<param>" -> norm``; cheap to compare across pods."""
@@ -478,15 +438,12 @@ class BasePolicy(nn.Module, ABC):
 
     def close(self) -> None:
         """Stop the updater thread and release the weight source."""
-        self._stop_updater.set()
-        if self._update_weights_signal is not None:
-            self._update_weights_signal.set()
-        if self._updater is not None and self._updater is not threading.current_thread():
-            self._updater.join(timeout=5.0)
+        if self._weight_updater is not None:
+            self._weight_updater.stop()
         if self._weight_source is not None:
             self._weight_source.close()
-        if self._owns_loop and self._loop is not None and not self._loop.is_running():
-            self._loop.close()
+        if self._rollout_gate is not None:
+            self._rollout_gate.close()
 
     # ------------------------------------------------------------------ framework: checkpoints
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
@@ -566,35 +523,6 @@ class BasePolicy(nn.Module, ABC):
             logger.debug("%-28s count=%s total=%.6fs", name, stats.get("count"), stats.get("total", 0.0))
         if reset:
             self.timing_raw = {}
-
-
-class _InInferenceMode:
-    """Await a coroutine with inference mode on while it runs, and off while it is suspended.
-
-    Inference mode is per thread; requests of several envs are in flight on one event loop, so a
-    ``with torch.inference_mode():`` held across an ``await`` would be entered and left by
-    interleaved requests in the wrong order and leave it switched on for the whole thread. Each
-    step of the coroutine runs inside its own ``with`` instead.
-    """
-
-    def __init__(self, coro: Any) -> None:
-        self.coro = coro
-
-    def __await__(self) -> Any:
-        coro = self.coro
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                with torch.inference_mode():
-                    yielded = coro.throw(error) if error is not None else coro.send(value)
-            except StopIteration as stop:
-                return stop.value
-            value, error = None, None
-            try:
-                value = yield yielded
-            except BaseException as exc:  # cancellation or a failed future: into the coroutine
-                error = exc
 
 
 def _dp_world_size() -> int:

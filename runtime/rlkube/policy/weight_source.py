@@ -17,14 +17,16 @@ rollouts are blocked only for the second:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rlkube.weight_key import WeightKey
 
 if TYPE_CHECKING:
     import torch
 
-    from rlkube.policy.base import BasePolicy
+#: The policy a source loads into: ``WeightSource[BasePolicy]`` (a type parameter, so that this
+#: seam does not import ``rlkube.policy.base``, which imports it).
+PolicyT = TypeVar("PolicyT", contravariant=True)
 
 
 @dataclass
@@ -41,13 +43,13 @@ class StagedWeights:
     swaps: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
-class WeightSource(Protocol):
+class WeightSource(Protocol[PolicyT]):
     """Where an EVAL policy's updater thread gets weights from."""
 
-    def stage(self, policy: BasePolicy) -> StagedWeights | None: ...
+    def stage(self, policy: PolicyT) -> StagedWeights | None: ...
 
-    def commit(self, policy: BasePolicy, staged: StagedWeights) -> None: ...
+    def commit(self, policy: PolicyT, staged: StagedWeights) -> None: ...
 
-    # Optional: ``def after_commit(self, policy: BasePolicy, staged: StagedWeights) -> None``.
+    # Optional: ``def after_commit(self, policy: PolicyT, staged: StagedWeights) -> None``.
 
     def close(self) -> None: ...

@@ -1,6 +1,7 @@
 """The weight plane: trained weights from train rank 0 to every EVAL policy, never torn.
 
-Pure (no I/O): ``layout`` (state dict <-> flat buffer + manifest + digest), ``shm_header``
+Pure (no I/O): ``layout`` (state dict <-> flat buffer + manifest + digest), ``version`` (a
+published version, the one in-memory type for ``pb.WeightVersion``), ``shm_header``
 (the buffer header's bytes), ``wire`` (gRPC limits and the hand-framed chunk), ``consistency``
 (fingerprint checks and the coordinator's load tracker; it only waits on a condition).
 I/O: ``locks`` (flock with deadlines), ``shm_files`` / ``shm`` / ``shm_reader`` (the two-slot

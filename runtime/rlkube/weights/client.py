@@ -28,6 +28,7 @@ from rlkube.weights.data_port import DataPortConnection, DataPortUnreachable
 from rlkube.weights.errors import FetchError, IntegrityError
 from rlkube.weights.fetch_checks import FetchResult, RangeChecks
 from rlkube.weights.layout import WeightLayout
+from rlkube.weights.version import WeightVersion
 from rlkube.weights.wire import (
     CHANNEL_OPTIONS,
     DATA_PORT_METHOD,
@@ -81,7 +82,7 @@ class WeightStoreClient:
             self._watch = self._channel.unary_stream(
                 WATCH_METHOD,
                 request_serializer=pb.WatchWeightsRequest.SerializeToString,
-                response_deserializer=pb.WeightVersion.FromString,
+                response_deserializer=WeightVersion.decode,
             )
             self._fetch = self._channel.unary_stream(
                 FETCH_METHOD,
@@ -135,7 +136,7 @@ class WeightStoreClient:
         node_name: str = "",
         seconds: float = 75.0,
         while_packing: bool = False,
-    ) -> Iterator[pb.WeightVersion]:
+    ) -> Iterator[WeightVersion]:
         """Versions newer than ``after`` until the server ends the stream (or ``seconds`` pass).
 
         ``while_packing``: also versions the trainer has only started packing (checksum 0),
@@ -200,7 +201,7 @@ class WeightStoreClient:
 
     def fetch_into(
         self,
-        version: pb.WeightVersion,
+        version: WeightVersion,
         dst: np.ndarray,
         *,
         offset: int = 0,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlkube._proto import policy_group_pb2 as pb
 from rlkube.weights.copies import checksum
 from rlkube.weights.errors import IntegrityError
+from rlkube.weights.version import WeightVersion
 
 
 @dataclass
@@ -29,7 +29,7 @@ class RangeChecks:
 
     def __init__(
         self,
-        version: pb.WeightVersion,
+        version: WeightVersion,
         *,
         offset: int,
         end: int,

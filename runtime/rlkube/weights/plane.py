@@ -54,6 +54,7 @@ from rlkube.weights.layout import WeightLayout, views_of
 from rlkube.weights.receiver import NodeReceiver, ReceiverConfig
 from rlkube.weights.service import newer
 from rlkube.weights.sources import ShmWatcher, ShmWeightSource, bind, swaps_pointers
+from rlkube.weights.version import WeightVersion
 
 if TYPE_CHECKING:
     from rlkube.spec import WeightBufferSpec
@@ -342,7 +343,7 @@ class StreamLoader:
         self._buffer: np.ndarray | None = None
         self._layout: WeightLayout | None = None
 
-    def newest(self, *, wait: float) -> pb.WeightVersion | None:
+    def newest(self, *, wait: float) -> WeightVersion | None:
         """The newest version if it is newer than what the model holds (waiting up to ``wait`` seconds)."""
         self.client.connect()
         for version in self.client.watch(after=self.current_key, seconds=max(wait, 0.05)):
@@ -356,7 +357,7 @@ class StreamLoader:
             self.load(policy, version)
         return self.current_key
 
-    def load(self, policy: BasePolicy, version: pb.WeightVersion) -> None:
+    def load(self, policy: BasePolicy, version: WeightVersion) -> None:
         if self.current_key is not None and not newer(version, self.current_key):
             return
         if self._layout is None or self._layout.digest != version.layout_digest:
@@ -379,7 +380,7 @@ class StreamLoader:
         else:
             policy.load_state_dict(tensors)
         policy.weight_version = version.version
-        self.current_key = WeightKey(version.incarnation, version.version)
+        self.current_key = version.key
         self.load_seconds = time.perf_counter() - started
 
     def close(self) -> None:

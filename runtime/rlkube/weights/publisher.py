@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +69,7 @@ from rlkube.weights.service import PackingVersion, VersionBoard, serve_weight_st
 from rlkube.weights.shm import PinnedSlot, ShmWriter, SlotLease
 from rlkube.weights.shm_files import TRAINER_LOCK, WRITER_LOCK, attach, detach
 from rlkube.weights.staging import on_accelerator
+from rlkube.weights.version import WeightVersion
 from rlkube.weights.wire import DEFAULT_CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -265,7 +266,7 @@ class WeightPublisher:
         """The last version sent (0 before the first)."""
         return self._version
 
-    def latest(self) -> pb.WeightVersion | None:
+    def latest(self) -> WeightVersion | None:
         return self.board.latest()
 
     def send(
@@ -287,12 +288,12 @@ class WeightPublisher:
         layout = layout_of(state_dict)  # from this very state dict: validates it, so no second check
         grid = self.config.chunk_bytes
         sources = [a for a in (self.address, *self.config.peers) if a]
-        announcement = pb.WeightVersion(
+        announcement = WeightVersion(
             version=number,
             layout_digest=layout.digest,
             total_bytes=layout.total_bytes,
             incarnation=self.incarnation,
-            sources=sources,
+            sources=tuple(sources),
             fingerprint=dict(fingerprint or {}),
             chunk_bytes=grid,
         )
@@ -312,7 +313,7 @@ class WeightPublisher:
                     destinations=destinations,
                 )
             if self.board.wants_streaming():
-                announcement.published_at = time.time()
+                announcement = replace(announcement, published_at=time.time())
                 packing = self.board.open(announcement, layout, lease.array.data)
                 digests = self._pack_streaming(state_dict, layout, destinations, lease.array, packing)
             else:
@@ -349,9 +350,7 @@ class WeightPublisher:
             self._resident_lease = None
             self._move_now.clear()
             self._moving = self._mover.submit(self._move_resident, packing)
-        committed = pb.WeightVersion()
-        committed.CopyFrom(announcement)
-        committed.checksum, committed.published_at = total, meta.published_at
+        committed = replace(announcement, checksum=total, published_at=meta.published_at)
         self.board.publish(committed, layout, digests, packed=packing, pinned=pinned)
         metrics.PUBLISH_SECONDS.labels(stage="announced").observe(time.perf_counter() - started)
         logger.debug(

@@ -34,17 +34,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlkube._proto import policy_group_pb2 as pb
 from rlkube.metrics import series as metrics
 from rlkube.weight_key import WeightKey
 from rlkube.weights.client import WeightStoreClient
 from rlkube.weights.copies import hash_list_root
 from rlkube.weights.errors import FetchError, IntegrityError, StaleVersionError, WeightPlaneError
+from rlkube.weights.fetch_checks import FetchResult
 from rlkube.weights.layout import LayoutError, WeightLayout
 from rlkube.weights.service import newer
 from rlkube.weights.shm import ShmWriter, SlotLease
 from rlkube.weights.shm_files import trainer_present
 from rlkube.weights.shm_header import SlotMeta
+from rlkube.weights.version import WeightVersion
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class NodeReceiver:
         self._layouts: dict[str, WeightLayout] = {}
         self._stop = threading.Event()
         self._announced = threading.Condition()
-        self._pending: pb.WeightVersion | None = None
+        self._pending: WeightVersion | None = None
         self._threads: list[threading.Thread] = []
         self._watch_client: WeightStoreClient | None = None
         self._watching: threading.Event | None = None  # set to end the current election's watch
@@ -219,14 +220,14 @@ class NodeReceiver:
             except (ValueError, AssertionError):  # the channel was closed by close() or a stand-down
                 return
 
-    def _announce(self, version: pb.WeightVersion) -> None:
+    def _announce(self, version: WeightVersion) -> None:
         with self._announced:
             pending = self._pending
             if pending is None or newer(version, WeightKey(pending.incarnation, pending.version)):
                 self._pending = version
                 self._announced.notify_all()
 
-    def _take_announced(self, timeout: float) -> pb.WeightVersion | None:
+    def _take_announced(self, timeout: float) -> WeightVersion | None:
         with self._announced:
             if self._pending is None:
                 self._announced.wait(timeout)
@@ -234,7 +235,7 @@ class NodeReceiver:
             return version
 
     # -- one version
-    def apply(self, version: pb.WeightVersion) -> SlotMeta:
+    def apply(self, version: WeightVersion) -> SlotMeta:
         """Fetch, verify and publish ``version`` into this node's buffer (the writer must be open)."""
         if not self.writer.is_open:
             self.writer.open()
@@ -298,7 +299,7 @@ class NodeReceiver:
             self._layouts = {digest: layout, **dict(list(self._layouts.items())[:3])}
         return layout
 
-    def _fetch(self, version: pb.WeightVersion, lease: SlotLease) -> tuple[int, set[int]]:
+    def _fetch(self, version: WeightVersion, lease: SlotLease) -> tuple[int, set[int]]:
         """Fill the lease from the network; returns the hash-list root of the chunks received and
         the checksums the ranges' commit chunks carried."""
         total, grid = version.total_bytes, version.chunk_bytes
@@ -312,8 +313,9 @@ class NodeReceiver:
         def fetch_range(index: int) -> int:
             start, end = ranges[index]
             address = self.config.source if len(ranges) == 1 else sources[index % len(sources)]
-            try:
-                got = self._client(address, index).fetch_into(
+
+            def fetch_from(source: str) -> FetchResult:
+                return self._client(source, index).fetch_into(
                     version,
                     lease.array,
                     offset=start,
@@ -321,20 +323,16 @@ class NodeReceiver:
                     digests=digests,
                     while_packing=True,
                 )
+
+            try:
+                got = fetch_from(address)
             except (FetchError, IntegrityError) as exc:
                 if address == self.config.source:
                     raise
                 logger.info(
                     "range %d-%d from %s failed (%s); fetching it from rank 0", start, end, address, exc
                 )
-                got = self._client(self.config.source, index).fetch_into(
-                    version,
-                    lease.array,
-                    offset=start,
-                    length=end - start,
-                    digests=digests,
-                    while_packing=True,
-                )
+                got = fetch_from(self.config.source)
             if got.root is not None:
                 committed.add(got.root)
             return got.nbytes

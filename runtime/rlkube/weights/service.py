@@ -45,6 +45,7 @@ from rlkube.weight_key import WeightKey
 from rlkube.weights.copies import checksum, copy_slot_into_message
 from rlkube.weights.layout import WeightLayout
 from rlkube.weights.shm import PinnedSlot, ShmWriter
+from rlkube.weights.version import WeightVersion
 from rlkube.weights.wire import (
     DEFAULT_CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
@@ -60,9 +61,9 @@ logger = logging.getLogger(__name__)
 PEER_WAIT_SECONDS = 2.0
 
 
-def newer(version: pb.WeightVersion, after: WeightKey | None) -> bool:
+def newer(version: WeightVersion, after: WeightKey | None) -> bool:
     """Whether ``version`` supersedes ``after`` (see :meth:`WeightKey.supersedes`)."""
-    return WeightKey(version.incarnation, version.version).supersedes(after)
+    return version.supersedes(after)
 
 
 class VersionAborted(Exception):
@@ -73,7 +74,7 @@ class VersionAborted(Exception):
 class PackingVersion:
     """A version announced while its publisher packs it (see the module docstring)."""
 
-    announcement: pb.WeightVersion  # checksum 0: pending
+    announcement: WeightVersion  # checksum 0: pending
     data: memoryview  # the slot being packed
     digests: list[int | None]  # chunk k's digest once it is packed and hashed
     state: str = "packing"  # packing | committed | aborted
@@ -83,7 +84,7 @@ class PackingVersion:
 
     @property
     def key(self) -> WeightKey:
-        return WeightKey(self.announcement.incarnation, self.announcement.version)
+        return self.announcement.key
 
 
 @dataclass
@@ -100,7 +101,7 @@ class VersionBoard:
         self.writer = writer
         self.watch_seconds = watch_seconds
         self._cond = threading.Condition()
-        self._latest: pb.WeightVersion | None = None
+        self._latest: WeightVersion | None = None
         self._layouts: dict[str, WeightLayout] = {}
         self._checksums: dict[tuple[str, int, int, int], int] = {}
         self._closed = False
@@ -130,7 +131,7 @@ class VersionBoard:
         with self._cond:
             return self._streaming_watchers > 0 or self._peer_fetches_while_packing
 
-    def open(self, announcement: pb.WeightVersion, layout: WeightLayout, data: memoryview) -> PackingVersion:
+    def open(self, announcement: WeightVersion, layout: WeightLayout, data: memoryview) -> PackingVersion:
         """Announce ``announcement`` (checksum 0) to ``while_packing`` watchers before it is packed."""
         chunks = -(-layout.total_bytes // announcement.chunk_bytes) if layout.total_bytes else 0
         record = PackingVersion(announcement, data, [None] * chunks)
@@ -257,7 +258,7 @@ class VersionBoard:
 
     def publish(
         self,
-        version: pb.WeightVersion,
+        version: WeightVersion,
         layout: WeightLayout,
         digests: list[int] | None = None,
         *,
@@ -270,7 +271,7 @@ class VersionBoard:
         covers its fetches still running, and is released when the last one ends.
         """
         with self._cond:
-            self._roots[WeightKey(version.incarnation, version.version)] = version.checksum
+            self._roots[version.key] = version.checksum
             if len(self._roots) > 4:
                 self._roots = dict(list(self._roots.items())[-4:])
             if packed is not None:
@@ -300,7 +301,7 @@ class VersionBoard:
             self._closed = True
             self._cond.notify_all()
 
-    def latest(self) -> pb.WeightVersion | None:
+    def latest(self) -> WeightVersion | None:
         with self._cond:
             return self._latest
 
@@ -310,8 +311,8 @@ class VersionBoard:
         timeout: float,
         *,
         while_packing: bool = False,
-        announced: pb.WeightVersion | None = None,
-    ) -> pb.WeightVersion | None:
+        announced: WeightVersion | None = None,
+    ) -> WeightVersion | None:
         """The newest version newer than ``after``; ``while_packing``: also one being packed (its
         announcement, checksum 0), unless it is ``announced`` (sent already)."""
         deadline = time.monotonic() + timeout
@@ -323,7 +324,7 @@ class VersionBoard:
                     and packing is not None
                     and packing.announcement is not announced
                     and newer(packing.announcement, after)
-                    and (self._latest is None or newer(packing.announcement, self._key(self._latest)))
+                    and (self._latest is None or newer(packing.announcement, self._latest.key))
                 ):
                     return packing.announcement
                 if self._latest is not None and newer(self._latest, after):
@@ -333,10 +334,6 @@ class VersionBoard:
                     return None
                 self._cond.wait(left)
         return None
-
-    @staticmethod
-    def _key(version: pb.WeightVersion) -> WeightKey:
-        return WeightKey(version.incarnation, version.version)
 
     def layout(self, digest: str) -> WeightLayout | None:
         with self._cond:
@@ -415,13 +412,7 @@ def fetch_pieces(
         )
     try:
         meta = pinned.meta
-        if request.layout_digest and request.layout_digest != meta.digest:
-            raise FetchRefused(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"version {request.version} has layout {meta.digest}, not {request.layout_digest}",
-            )
-        start = int(request.offset)
-        end = meta.length if request.length == 0 else start + int(request.length)
+        start, end = _requested_range(request, layout_digest=meta.digest, total=meta.length)
         if start > end or end > meta.length:
             raise FetchRefused(
                 grpc.StatusCode.OUT_OF_RANGE,
@@ -444,6 +435,18 @@ def fetch_pieces(
             yield _commit_piece(board, meta.key, meta.version, end, active)
     finally:
         pinned.release()
+
+
+def _requested_range(request: pb.FetchWeightsRequest, *, layout_digest: str, total: int) -> tuple[int, int]:
+    """``[start, end)`` of a fetch of a version of ``total`` bytes (length 0: to the end); a
+    request for another layout is refused (FAILED_PRECONDITION). The caller checks the bounds."""
+    if request.layout_digest and request.layout_digest != layout_digest:
+        raise FetchRefused(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"version {request.version} has layout {layout_digest}, not {request.layout_digest}",
+        )
+    start = int(request.offset)
+    return start, total if request.length == 0 else start + int(request.length)
 
 
 def _commit_piece(
@@ -474,13 +477,7 @@ def _pieces_while_packing(
     """A fetch of a version being packed: chunk k as soon as it is ready, then the commit piece."""
     version = record.announcement
     grid, total = version.chunk_bytes, version.total_bytes
-    if request.layout_digest and request.layout_digest != version.layout_digest:
-        raise FetchRefused(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"version {request.version} has layout {version.layout_digest}, not {request.layout_digest}",
-        )
-    start = int(request.offset)
-    end = total if request.length == 0 else start + int(request.length)
+    start, end = _requested_range(request, layout_digest=version.layout_digest, total=total)
     off_grid = start % grid or (request.chunk_bytes and request.chunk_bytes != grid)
     if start > end or end > total or off_grid:
         raise FetchRefused(
@@ -518,7 +515,7 @@ class _Servicer:
 
     def watch(
         self, request: pb.WatchWeightsRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.WeightVersion]:
+    ) -> Iterator[WeightVersion]:
         after = WeightKey(request.incarnation, request.after_version) if request.incarnation else None
         if after is None and request.after_version:
             after = WeightKey("", request.after_version)
@@ -526,7 +523,7 @@ class _Servicer:
         # A version announced while packed is announced again once committed (with its checksum):
         # ``after`` only moves on committed ones, so a publish that fails mid-pack and is sent
         # again under the same number is announced again.
-        announced: pb.WeightVersion | None = None
+        announced: WeightVersion | None = None
         self.board.watching(request.while_packing, +1)
         try:
             while context.is_active() and time.monotonic() < end:
@@ -541,7 +538,7 @@ class _Servicer:
                     if version.checksum == 0:
                         announced = version
                     else:
-                        after = WeightKey(version.incarnation, version.version)
+                        after = version.key
         finally:
             self.board.watching(request.while_packing, -1)
 
@@ -582,7 +579,7 @@ def weight_store_handler(board: VersionBoard) -> grpc.GenericRpcHandler:
             "WatchWeights": grpc.unary_stream_rpc_method_handler(
                 servicer.watch,
                 request_deserializer=pb.WatchWeightsRequest.FromString,
-                response_serializer=pb.WeightVersion.SerializeToString,
+                response_serializer=WeightVersion.encode,
             ),
             "FetchWeights": grpc.unary_stream_rpc_method_handler(
                 servicer.fetch,

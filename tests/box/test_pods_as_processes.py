@@ -1,18 +1,21 @@
-"""The process kubelet runs StatefulSet pods as processes: env, volumes, nodes, restarts, scale, deletion.
+"""The node agents run StatefulSet pods as processes: env, volumes, nodes, restarts, scale, deletion.
 
-Pods here run small Python scripts (no runtime), applied with the real kubectl; every check polls.
+Pods here run small Python scripts (no runtime), applied with the real kubectl to the real control
+plane (its StatefulSet controller creates the pods, its scheduler binds them); every check polls.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
+from rlkube_devcluster.real_cluster import RealCluster
 from rlkube_devcluster.waiting import wait_for
 
 from tests.box.conftest import Box, alive, pid_of, python_container, running_pods, statefulset
-from tests.operator.conftest import Kubectl
+from tests.operator.conftest import Kubectl, new_namespace
 
 #: Writes its env to <claim>/<pod>.json, then sleeps until stopped.
 REPORT_ENV = """
@@ -45,7 +48,9 @@ def downward(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def test_pods_run_with_downward_api_env_their_volumes_and_round_robin_nodes(box: Box, k: Kubectl) -> None:
+def test_pods_run_with_downward_api_env_their_volumes_on_the_nodes_the_scheduler_chose(
+    box: Box, k: Kubectl
+) -> None:
     container = python_container(
         REPORT_ENV,
         env=[
@@ -74,6 +79,7 @@ def test_pods_run_with_downward_api_env_their_volumes_and_round_robin_nodes(box:
         "data": {"settings.txt": "x=1"},
     }
     k.apply(config_map)
+    box.provide_claim(k, "results")
     k.apply(statefulset("web", container, replicas=3, volumes=volumes))
 
     pods = wait_for(lambda: running_pods(k, 3), timeout=60, what="3 running pods")
@@ -99,17 +105,17 @@ def test_pods_run_with_downward_api_env_their_volumes_and_round_robin_nodes(box:
         # A path under a mount is the volume's directory here: the ConfigMap's file, a per-pod memory dir.
         with open(env["SETTINGS"]) as settings:
             assert settings.read() == "x=1"
-        assert env["SCRATCH"].startswith(str(box.kubelet.shm_root))
+        assert env["SCRATCH"].startswith(str(box.cluster.shm_root))
         assert name in env["SCRATCH"]
         assert "RLKUBE_COORDINATOR_ADDRESS" not in env  # nothing of the test process's settings leaks in
         assert alive(pid_of(pods[name]))
-    # Pods are spread over both nodes; the kubelet's view agrees with the API's.
-    assert set(seen_nodes.values()) == {"node-0", "node-1"}
+    # Each pod runs on the node it was bound to: the agents' view agrees with the API's.
+    assert set(seen_nodes.values()) <= {"node-0", "node-1"}
     assert {n: p["node"] for n, p in box.processes(k.namespace).items()} == seen_nodes
 
 
 def test_an_exiting_container_restarts_with_growing_back_off_and_is_counted(box: Box, k: Kubectl) -> None:
-    history = box.record("Pod")
+    history = box.record(k, "Pod")
     k.apply(statefulset("crash", python_container("import sys; print('bye', flush=True); sys.exit(3)")))
 
     def restarted() -> dict[str, Any] | None:
@@ -137,25 +143,17 @@ def test_an_exiting_container_restarts_with_growing_back_off_and_is_counted(box:
     assert delays[:3] == [0.5, 1.0, 2.0]  # doubling from RestartBackOff.initial, capped at .cap
     assert all(d == 2.0 for d in delays[3:])
     assert all("exit code 3" in m for m in back_offs)
-    # kubectl logs: the container now and the one before its last restart.
-    assert k("logs", "crash-0").stdout == "bye\n"
-    assert k("logs", "crash-0", "--previous").stdout == "bye\n"
-
-
-def test_kubectl_logs_follows_a_container_until_it_ends(box: Box, k: Kubectl) -> None:
-    script = "import time; print('one', flush=True); time.sleep(1); print('two', flush=True); time.sleep(1)"
-    k.apply(statefulset("ticker", python_container(script)))
-    wait_for(lambda: (k.get("pod", "ticker-0") or {}).get("status", {}).get("phase") == "Running")
-    wait_for(lambda: k("logs", "ticker-0", check=False).returncode == 0, what="a log to read")
-    followed = k("logs", "-f", "ticker-0")  # returns when this container's process is replaced
-    assert followed.stdout.startswith("one\n")
-    assert followed.stdout.endswith("two\n")
+    # A log file per start of the container (the agent serves no `kubectl logs`: no kubelet API).
+    logs = box.container_logs(k.namespace, "crash-0")
+    assert len(logs) >= 3
+    assert all(log.read_text() == "bye\n" for log in logs[:3])
 
 
 def test_scale_down_sends_sigterm_then_sigkill_after_the_grace_period(box: Box, k: Kubectl) -> None:
     container = python_container(
         TRAP_TERM, env=[OUT_ENV, {"name": "IGNORE_TERM", "value": "1"}], mounts=[OUT_MOUNT]
     )
+    box.provide_claim(k, "results")
     k.apply(statefulset("stubborn", container, replicas=2, volumes=[OUT_VOLUME], grace=1))
     pods = wait_for(lambda: running_pods(k, 2), timeout=60, what="2 running pods")
     kept, removed = pid_of(pods["stubborn-0"]), pid_of(pods["stubborn-1"])
@@ -171,6 +169,7 @@ def test_scale_down_sends_sigterm_then_sigkill_after_the_grace_period(box: Box, 
 
 def test_a_replacement_pod_starts_only_after_its_predecessor_has_stopped(box: Box, k: Kubectl) -> None:
     container = python_container(TRAP_TERM, env=[OUT_ENV], mounts=[OUT_MOUNT])
+    box.provide_claim(k, "results")
     k.apply(statefulset("solo", container, volumes=[OUT_VOLUME]))
     first = pid_of(wait_for(lambda: running_pods(k, 1), timeout=60, what="a running pod")["solo-0"])
 
@@ -198,14 +197,12 @@ def test_deleting_the_statefulset_stops_every_process_and_removes_pod_directorie
     pids = [
         pid_of(p) for p in wait_for(lambda: running_pods(k, 2), timeout=60, what="2 running pods").values()
     ]
-    pod_dirs = [
-        d for node in (box.workdir / "nodes").iterdir() for d in (node / "pods").glob(f"{k.namespace}_gone-*")
-    ]
+    pod_dirs = box.pod_dirs(k.namespace, "gone-")
     assert len(pod_dirs) == 2
 
     k("delete", "statefulset", "gone")
     wait_for(lambda: not any(alive(p) for p in pids), timeout=30, what="every process gone")
-    wait_for(lambda: not box.processes(k.namespace), what="the kubelet to forget the pods")
+    wait_for(lambda: not box.processes(k.namespace), what="the node agents to forget the pods")
     assert not any(d.exists() for d in pod_dirs)
 
 
@@ -232,13 +229,11 @@ def test_a_pod_whose_volume_cannot_be_made_stays_pending_with_the_reason(box: Bo
     wait_for(lambda: running_pods(k, 1), timeout=60, what="the pod running once its ConfigMap exists")
 
 
-def test_stopping_the_box_leaves_no_process_socket_or_shared_memory(tmp_path) -> None:
-    from tests.box.conftest import start_box
-
-    box = start_box(tmp_path)
+def test_stopping_the_box_leaves_no_process_socket_or_shared_memory(tmp_path: Path) -> None:
+    cluster = RealCluster(tmp_path, nodes=2).start()
     try:
-        box.cluster.create_namespace("app")
-        k = Kubectl(box.cluster, "app")
+        new_namespace(cluster.plane, "app")
+        k = Kubectl(cluster.plane, "app")
         # A pod of an RLJob (by its label) gets the job's ports and the coordinator's proxy socket.
         container = python_container(
             "import time; time.sleep(3600)",
@@ -250,14 +245,12 @@ def test_stopping_the_box_leaves_no_process_socket_or_shared_memory(tmp_path) ->
             statefulset("j-train", container, replicas=2, volumes=volumes, labels={"rlkube.io/job-name": "j"})
         )
         pids = [pid_of(p) for p in wait_for(lambda: running_pods(k, 2), timeout=60, what="2 pods").values()]
-        socket = box.kubelet.socket_dir / "app.j.sock"
+        socket = cluster.coordinator_socket("app", "j")
         wait_for(socket.exists, what="the coordinator proxy's socket")
-        shm_root = box.kubelet.shm_root
-        assert shm_root is not None
-        assert any(shm_root.rglob("shm"))
+        assert any(cluster.shm_root.rglob("shm"))
     finally:
-        box.cluster.stop()
+        cluster.stop()
     assert not any(alive(p) for p in pids)
-    assert not shm_root.exists()
-    assert not box.kubelet.socket_dir.exists()
-    assert not (tmp_path / "nodes").exists()
+    assert not cluster.shm_root.exists()
+    assert not cluster.socket_dir.exists()
+    assert not list(tmp_path.glob("nodes/*/disk"))

@@ -1,7 +1,7 @@
 """Jobs the pods refuse end ``Failed`` with the runtime's own reason and words, without burning backoff.
 
-kubectl only, on the cluster-in-a-box (the emulator, the process kubelet running ``rlkube pod`` as
-processes, the real operator): the pod entrypoint writes a termination message, the kubelet puts it
+kubectl only, on the cluster-in-a-box (the real control plane, node agents running ``rlkube pod``
+as processes, the real operator): the pod entrypoint writes a termination message, the kubelet puts it
 in the pod's container status, the operator reads it. Fixing the spec starts the job.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
 
-from tests.box.conftest import Box, python_container, start_box, start_operator, statefulset
+from tests.box.conftest import Box, python_container, start_operator, statefulset
 from tests.operator.conftest import Kubectl
 
 #: A generous deadline: the pods import torch before they can refuse (about 6 s of CPU each), and
@@ -45,28 +45,12 @@ JOB: dict[str, Any] = {
     },
 }
 
-_counter = iter(range(1000))
-
-
-@pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
-    started = start_box(tmp_path_factory.mktemp("fail"))
-    yield started
-    started.cluster.stop()
-
 
 @pytest.fixture(scope="module")
 def operator(box: Box) -> Iterator[OperatorProcess]:
-    process = start_operator(box)
+    process = start_operator(box, "operator-failures.log")
     yield process
     process.stop()
-
-
-@pytest.fixture
-def k(box: Box) -> Kubectl:
-    name = f"f{next(_counter)}"
-    box.cluster.create_namespace(name)
-    return Kubectl(box.cluster, name)
 
 
 def jsonpath(k: Kubectl, name: str, path: str) -> str:

@@ -1,0 +1,191 @@
+"""The typed RLJob: one source for the runtime, the operator and the CRD schema.
+
+Pure: no I/O (``rlkube.jobfile`` reads files and applies ``--set`` overrides). Field names are
+snake_case in Python and camelCase in YAML (``max_epochs`` <-> ``maxEpochs``); every model
+forbids unknown keys so a typo is an error, not a silently ignored setting. The sections mirror
+RLightning's config (``policy``, ``env``, ``buffer``, ``train``, ``cluster`` -> ``trainer`` and
+``evaluator``) so its users recognise them.
+
+Cross-field rules live in :data:`CROSS_FIELD_RULES`: each has the CEL expression the CRD
+carries (checked by the API server at apply time) and the Python check the runtime and the
+operator run, so the same document is refused for the same reason everywhere.
+
+A package by section, each pure: ``base`` (API names, enums, the strict base model, field types),
+``env`` (``env`` and its wrappers), ``pods`` (what ``trainer`` and ``evaluator`` pass to their
+pods), ``scheduling`` (gang admission and its CEL rules), ``sections`` (``policy``, ``buffer``,
+``train``, ``security``, ``checkpoint``, ``runPolicy``, ``log``), ``rules`` (the cross-field
+rules) and ``job`` (``RLJobSpec``, ``RLJob``, :func:`parse_job`). Every name is imported from
+here (``from rlkube.spec import RLJob``); the modules are where they are written.
+"""
+
+from __future__ import annotations
+
+from rlkube.spec.base import (
+    API_GROUP,
+    API_VERSION,
+    DNS_LABEL,
+    GPU_RESOURCE,
+    KIND,
+    MAX_ENV_ENTRIES,
+    MAX_ENV_NAME_LENGTH,
+    MAX_JOB_NAME_LENGTH,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    Backend,
+    BufferType,
+    CleanPodPolicy,
+    DnsLabel,
+    Engine,
+    EnvEntry,
+    LogBackend,
+    LogLevel,
+    NonNegativeInt,
+    ObjectMeta,
+    PositiveInt,
+    Quantity,
+    ResourceList,
+    RolloutMode,
+    StaleFragments,
+    WandbMode,
+    WeightBufferType,
+    WeightStrategy,
+    WeightTransport,
+)
+from rlkube.spec.env import (
+    WRAPPER_TYPES,
+    AtariPreprocessingWrapper,
+    ClipActionWrapper,
+    ClipRewardWrapper,
+    CustomWrapper,
+    EnvSpec,
+    EpisodicLifeWrapper,
+    FireResetWrapper,
+    FrameStackWrapper,
+    NormalizeObservationWrapper,
+    NormalizeRewardWrapper,
+    RescaleActionWrapper,
+    ScaleRewardWrapper,
+    TimeLimitWrapper,
+    WrapperSpec,
+)
+from rlkube.spec.job import (
+    RLJob,
+    RLJobSpec,
+    SpecError,
+    parse_job,
+)
+from rlkube.spec.pods import (
+    EvaluatorSpec,
+    PodSpecOverrides,
+    Resources,
+    TrainerSpec,
+)
+from rlkube.spec.rules import (
+    CROSS_FIELD_RULES,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    RESERVED_LABEL,
+    CrossFieldRule,
+    cross_field_problems,
+)
+from rlkube.spec.scheduling import (
+    DnsSubdomain,
+    GangScheduler,
+    KueueIntegration,
+    SchedulingSpec,
+)
+from rlkube.spec.sections import (
+    PROCESSOR_TYPES,
+    BufferSpec,
+    CheckpointSpec,
+    FlattenProcessor,
+    GAEProcessor,
+    LogSpec,
+    PolicySpec,
+    ProcessorSpec,
+    RunPolicySpec,
+    SecuritySpec,
+    TrainSpec,
+    WandbSpec,
+    WeightBufferSpec,
+)
+
+__all__ = [
+    "API_GROUP",
+    "API_VERSION",
+    "CROSS_FIELD_RULES",
+    "DNS_LABEL",
+    "GPU_RESOURCE",
+    "KIND",
+    "MAX_ENV_ENTRIES",
+    "MAX_ENV_NAME_LENGTH",
+    "MAX_JOB_NAME_LENGTH",
+    "PLURAL",
+    "PROCESSOR_TYPES",
+    "RESERVED_ENV_NAMES",
+    "RESERVED_ENV_PREFIXES",
+    "RESERVED_LABEL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "WRAPPER_TYPES",
+    "AtariPreprocessingWrapper",
+    "Backend",
+    "BufferSpec",
+    "BufferType",
+    "CheckpointSpec",
+    "CleanPodPolicy",
+    "ClipActionWrapper",
+    "ClipRewardWrapper",
+    "CrossFieldRule",
+    "CustomWrapper",
+    "DnsLabel",
+    "DnsSubdomain",
+    "Engine",
+    "EnvEntry",
+    "EnvSpec",
+    "EpisodicLifeWrapper",
+    "EvaluatorSpec",
+    "FireResetWrapper",
+    "FlattenProcessor",
+    "FrameStackWrapper",
+    "GAEProcessor",
+    "GangScheduler",
+    "KueueIntegration",
+    "LogBackend",
+    "LogLevel",
+    "LogSpec",
+    "NonNegativeInt",
+    "NormalizeObservationWrapper",
+    "NormalizeRewardWrapper",
+    "ObjectMeta",
+    "PodSpecOverrides",
+    "PolicySpec",
+    "PositiveInt",
+    "ProcessorSpec",
+    "Quantity",
+    "RLJob",
+    "RLJobSpec",
+    "RescaleActionWrapper",
+    "ResourceList",
+    "Resources",
+    "RolloutMode",
+    "RunPolicySpec",
+    "ScaleRewardWrapper",
+    "SchedulingSpec",
+    "SecuritySpec",
+    "SpecError",
+    "StaleFragments",
+    "TimeLimitWrapper",
+    "TrainSpec",
+    "TrainerSpec",
+    "WandbMode",
+    "WandbSpec",
+    "WeightBufferSpec",
+    "WeightBufferType",
+    "WeightStrategy",
+    "WeightTransport",
+    "WrapperSpec",
+    "cross_field_problems",
+    "parse_job",
+]
