@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="divide the kubelet's CrashLoopBackOff (10 s doubling to 5 min) by this (e.g. 10)",
     )
-    parser.add_argument("--kueue", action="store_true", help="run Kueue beside the control plane (make kueue)")
+    parser.add_argument(
+        "--kueue", action="store_true", help="run Kueue beside the control plane (make kueue)"
+    )
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "cluster", help="kubeconfig and logs")
     args = parser.parse_args(argv)
 
