@@ -40,6 +40,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.learn.run",
         "learning curves of a reference job over seeds: rlkube's PPO vs SB3's, CleanRL's figure beside",
     ),
+    "ablation": (
+        "benchmarks.learn.ablation",
+        "the built-in PPO's switches on and off against SB3's PPO, seeds x arms as parallel processes",
+    ),
     "stale": (
         "benchmarks.learn.stale",
         "async with stale fragments dropped vs corrected by V-trace, against the sync engine (CartPole)",

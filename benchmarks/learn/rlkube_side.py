@@ -46,10 +46,15 @@ class _Episodes:
         pass
 
 
-def run_rlkube(job: RLJob, *, seed: int, budget: int, stop_at_target: bool) -> Curve:
-    """``rlkube run --in-process`` of the budgeted job; the curve holds raw episode returns."""
+def run_rlkube(
+    job: RLJob, *, seed: int, budget: int, stop_at_target: bool, into: Curve | None = None
+) -> Curve:
+    """``rlkube run --in-process`` of the budgeted job; the curve holds raw episode returns.
+
+    ``into``: filled as the run goes (another thread may read it), else a new one.
+    """
     run = budgeted(job, seed=seed, budget=budget, stop_at_target=stop_at_target)
-    curve = Curve(side="rlkube", seed=seed)
+    curve = into if into is not None else Curve(side="rlkube", seed=seed)
     with tempfile.TemporaryDirectory(prefix="rlkube-learn-") as tmp:
         paths = RunPaths(Path(tmp)).create()
         engine = InProcessRun(

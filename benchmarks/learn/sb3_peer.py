@@ -8,7 +8,11 @@ Mapping (rlkube ``spec`` -> SB3 ``PPO(...)``), chosen so both optimise the same 
   ``ent_coef``, ``max_grad_norm``, ``normalize_advantage = normAdv``.
 * ``vf_coef = vfCoef / 2``: SB3's value loss is ``mse(R, V)``, rlkube's (CleanRL's) is
   ``0.5 * mse``; the same total loss needs half the coefficient.
-* ``clip_range_vf = clipCoef`` when ``clipVloss`` is on, else None (SB3's default is off).
+* ``clip_range_vf = clipCoef`` when ``clipVloss`` is on, else None (SB3's default is off). SB3
+  trains the clipped value's loss alone, which is rlkube's ``clipVlossForm: clipped``; rlkube's
+  default ``max`` (CleanRL's) has no SB3 equivalent.
+* ``normalizeObservation`` -> ``VecNormalize(norm_obs)``, whose statistics move at every env step:
+  rlkube's ``observationStats: perStep`` (its default ``perUpdate`` has no SB3 equivalent).
 * ``learning_rate``: linear to 0 over the budget when ``annealLr`` (SB3 evaluates the schedule at
   the start of each update, rlkube at the end of the previous one: equal up to one update).
 * ``policy_kwargs``: separate ``pi``/``vf`` MLPs of ``hiddenSizes``, the same activation,
@@ -85,8 +89,11 @@ def sb3_kwargs(job: RLJob) -> dict[str, Any]:
     }
 
 
-def run_sb3(job: RLJob, *, seed: int, budget: int, stop_at_target: bool) -> Curve:
-    """Train SB3's PPO on ``job``'s env for ``budget`` env steps (or to the target); raw returns."""
+def run_sb3(job: RLJob, *, seed: int, budget: int, stop_at_target: bool, into: Curve | None = None) -> Curve:
+    """Train SB3's PPO on ``job``'s env for ``budget`` env steps (or to the target); raw returns.
+
+    ``into``: filled as the run goes (another thread may read it), else a new one.
+    """
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -95,7 +102,7 @@ def run_sb3(job: RLJob, *, seed: int, budget: int, stop_at_target: bool) -> Curv
 
     spec = job.spec
     target = spec.train.target_return
-    curve = Curve(side="sb3", seed=seed)
+    curve = into if into is not None else Curve(side="sb3", seed=seed)
 
     class _Episodes(BaseCallback):
         # Episodes are stamped with the steps collected at the end of their rollout, as rlkube's

@@ -79,3 +79,31 @@ def test_normalize_and_explained_variance() -> None:
     assert explained_variance(x, x) == pytest.approx(1.0)
     assert explained_variance(torch.zeros(4), x) == pytest.approx(0.0)
     assert math.isnan(explained_variance(x, torch.ones(4)))
+
+
+def test_the_clipped_value_loss_form_trains_the_clipped_value_alone() -> None:
+    # V moved 0.5 past the old value *away* from the return (old 1, new 0.5, return 3):
+    # unclipped (0.5-3)^2 = 6.25, clipped (0.8-3)^2 = 4.84. "max" (CleanRL) takes 6.25 and pulls
+    # V back; "clipped" (SB3's clip_range_vf) takes 4.84, which V (past the clip) does not move.
+    old = torch.tensor([1.0])
+    returns = torch.tensor([3.0])
+    pessimistic = torch.tensor([0.5], requires_grad=True)
+    loss = value_loss(pessimistic, old, returns, clip_coef=0.2, clip=True, form="max")
+    assert loss.item() == pytest.approx(3.125)
+    loss.backward()
+    assert pessimistic.grad is not None
+    assert pessimistic.grad.item() == pytest.approx(-2.5)
+    clipped_only = torch.tensor([0.5], requires_grad=True)
+    loss = value_loss(clipped_only, old, returns, clip_coef=0.2, clip=True, form="clipped")
+    assert loss.item() == pytest.approx(2.42)
+    loss.backward()
+    assert clipped_only.grad is not None
+    assert clipped_only.grad.item() == 0.0
+    # Inside the clip range both forms are the plain loss.
+    inside = torch.tensor([1.1])
+    for form in ("max", "clipped"):
+        assert value_loss(inside, old, returns, clip_coef=0.2, clip=True, form=form).item() == pytest.approx(
+            0.5 * 1.9**2
+        )
+    with pytest.raises(ValueError, match="max"):
+        value_loss(inside, old, returns, clip_coef=0.2, clip=True, form="huber")

@@ -112,16 +112,20 @@ class ActorCritic(nn.Module):
     def flatten(obs: torch.Tensor) -> torch.Tensor:
         return obs.reshape(obs.shape[0], -1).float()
 
-    def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """What the heads see: CNN features, or the (normalised) flattened observation."""
+    def features(self, obs: torch.Tensor, *, normalized: bool = False) -> torch.Tensor:
+        """What the heads see: CNN features, or the (normalised) flattened observation.
+
+        ``normalized``: ``obs`` is already the output of ``obs_norm`` (normalised when it was
+        collected, ``observationStats: perStep``) and is used as it is.
+        """
         if self.encoder is not None:
             return self.encoder(obs)
-        if self.obs_norm is not None:
+        if self.obs_norm is not None and not normalized:
             return self.obs_norm(obs.reshape(obs.shape[0], -1))
         return self.flatten(obs)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+    def value(self, obs: torch.Tensor, *, normalized: bool = False) -> torch.Tensor:
+        return self.critic(self.features(obs, normalized=normalized)).squeeze(-1)
 
     def distribution(self, x: torch.Tensor) -> Categorical | Normal:
         out = self.actor(x)
@@ -130,9 +134,13 @@ class ActorCritic(nn.Module):
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
     def forward(
-        self, obs: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor | None = None,
+        deterministic: bool = False,
+        normalized: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = self.features(obs)
+        x = self.features(obs, normalized=normalized)
         dist = self.distribution(x)
         if action is None:
             if deterministic:

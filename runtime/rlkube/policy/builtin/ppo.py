@@ -20,6 +20,11 @@ update (over all DDP ranks), so version v+1 carries them to every eval worker an
 and each batch is trained with the statistics it was collected with. The trainer, not the
 workers, owns them because it sees every trained transition exactly once, between versions, in
 one place: no merge protocol between workers, and no worker's view can drift from another's.
+With ``modelCfg.observationStats: perStep`` (Stable-Baselines3's ``VecNormalize``) the acting
+policy also merges each observation into its copy before acting on it and ships the normalised
+observation (``NORMALIZED_OBSERVATION``); the trainer trains on those as collected and merges the
+same raw batch in ``update_dataset``, which gives the statistics the worker ended its rollout with
+(the merge is exact whatever the batching), so version v+1 starts from them.
 """
 
 from __future__ import annotations
@@ -44,8 +49,13 @@ from rlkube.policy.builtin.actor_critic import ActorCritic
 from rlkube.policy.builtin.ppo_config import PPOAlgoConfig, PPOModelConfig, PPOOptimConfig, parse_section
 from rlkube.policy.builtin.ppo_math import clipped_surrogate, explained_variance, gae, normalize, value_loss
 from rlkube.policy.builtin.ppo_vtrace import correct_stale_rows
+from rlkube.policy.builtin.running_stats import RunningObsNorm
 from rlkube.policy.registry import POLICIES
 from rlkube.spec import BufferType
+
+#: The fragment field of ``observationStats: perStep``: the observation as the acting policy
+#: normalised it (statistics merged up to and including it).
+NORMALIZED_OBSERVATION = "normalized_observation"
 
 
 @POLICIES.register("PPO")
@@ -66,6 +76,10 @@ class PPO(BasePolicy):
         self.arch = parse_section(PPOModelConfig, config.model_cfg, path="spec.policy.modelCfg")
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        #: Whether ``self.dataset["obs"]`` holds observations normalised at collection (perStep).
+        self._dataset_normalized = False
+        #: perStep, acting: (weight version, this worker's own copy of that version's statistics).
+        self._step_stats: tuple[int, RunningObsNorm] | None = None
 
     # ------------------------------------------------------------------ network and optimizer
     def construct_network(self, env_meta: Any, *args: Any, **kwargs: Any) -> None:
@@ -94,8 +108,37 @@ class PPO(BasePolicy):
 
     # ------------------------------------------------------------------ rollout (EVAL)
     def rollout_step(self, env_ret: EnvRet, deterministic: bool = False, **kwargs: Any) -> PolicyResponse:
+        obs_norm = cast(ActorCritic, unwrap(self.model)).obs_norm
+        if self.arch.observation_stats == "perStep" and obs_norm is not None and not deterministic:
+            return self._rollout_step_per_step_stats(env_ret, obs_norm)
         action, log_prob, _, value = self.model(env_ret.observation, deterministic=deterministic)
         return PolicyResponse(env_id=env_ret.env_id, action=action, log_prob=log_prob, value=value)
+
+    @torch.no_grad()
+    def _rollout_step_per_step_stats(self, env_ret: EnvRet, obs_norm: RunningObsNorm) -> PolicyResponse:
+        """Merge the observations, normalise them with the result, act; the fragment keeps them.
+
+        The moving statistics are this worker's own copy of its version's, started afresh at each
+        new version: the model's buffers stay the version's (they may be a shared-memory snapshot
+        other workers read, and the fingerprint checks them). Greedy (evaluation) steps do not
+        move them, as ``VecNormalize(training=False)``.
+        """
+        if self._step_stats is None or self._step_stats[0] != self.weight_version:
+            own = RunningObsNorm(obs_norm.mean.numel(), clip=obs_norm.clip, epsilon=obs_norm.epsilon)
+            own.load_state_dict(obs_norm.state_dict())  # a copy
+            self._step_stats = (self.weight_version, own.to(obs_norm.mean.device))
+        moving = self._step_stats[1]
+        raw = env_ret.observation.reshape(env_ret.observation.shape[0], -1)
+        moving.update_(raw)
+        normalized = moving(raw)
+        action, log_prob, _, value = self.model(normalized, normalized=True)
+        return PolicyResponse(
+            env_id=env_ret.env_id,
+            action=action,
+            log_prob=log_prob,
+            value=value,
+            **{NORMALIZED_OBSERVATION: normalized},
+        )
 
     def postprocess(self, env_ret: EnvRet | None = None, policy_resp: PolicyResponse | None = None) -> Any:
         return None
@@ -109,8 +152,16 @@ class PPO(BasePolicy):
         rows, steps = data.batch_size
         flat_obs = data[OBSERVATION].reshape(rows * steps, *data[OBSERVATION].shape[2:])
         flat_next = data[NEXT_OBSERVATION].reshape(rows * steps, *data[NEXT_OBSERVATION].shape[2:])
-        values = model.value(flat_obs).reshape(rows, steps)
-        next_values = model.value(flat_next).reshape(rows, steps)
+        self._dataset_normalized = NORMALIZED_OBSERVATION in data
+        if self._dataset_normalized:
+            if POLICY_LAG in data:
+                raise ValueError(
+                    "modelCfg.observationStats perStep works with the sync engine (V-trace re-evaluates "
+                    "stale rows with the current statistics)"
+                )
+            flat_obs, flat_next = self._normalized_as_collected(data, flat_obs, flat_next)
+        values = model.value(flat_obs, normalized=self._dataset_normalized).reshape(rows, steps)
+        next_values = model.value(flat_next, normalized=self._dataset_normalized).reshape(rows, steps)
         advantages, returns = gae(
             data[REWARD],
             values,
@@ -134,6 +185,28 @@ class PPO(BasePolicy):
             batch_size=[rows * steps],
             device=self.device,
         )
+
+    def _normalized_as_collected(
+        self, data: TensorDict, flat_raw: torch.Tensor, flat_next: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """perStep: the observations as the worker normalised them, and next observations to match.
+
+        The raw batch is merged into the statistics first: they then equal the worker's at the
+        end of its rollout (version v+1 carries them). A next observation is the next step's
+        normalised observation where the episode goes on; where it ended (the final frame) or
+        at the fragment's end, it is normalised with those end-of-rollout statistics, as
+        ``VecNormalize`` normalises a terminal observation and the last one.
+        """
+        obs_norm = cast(ActorCritic, unwrap(self.model)).obs_norm
+        assert obs_norm is not None
+        obs_norm.update_(flat_raw, world_size=self.world_size)
+        rows, steps = data.batch_size
+        normalized = data[NORMALIZED_OBSERVATION].float()
+        next_normalized = obs_norm(flat_next.reshape(rows * steps, -1)).reshape(normalized.shape).clone()
+        ended = (data[TERMINATED] | data[TRUNCATED]).bool()
+        goes_on = ~ended[:, :-1]
+        next_normalized[:, :-1][goes_on] = normalized[:, 1:][goes_on]
+        return normalized.reshape(rows * steps, -1), next_normalized.reshape(rows * steps, -1)
 
     def _correct_stale(
         self,
@@ -189,7 +262,9 @@ class PPO(BasePolicy):
             epoch_steps = 0
             for start in range(0, batch - mb_size + 1, mb_size):  # whole minibatches: equal steps per rank
                 mb = b[order[start : start + mb_size]]
-                _, new_log_prob, entropy, new_value = self.model(mb["obs"], mb["actions"])
+                _, new_log_prob, entropy, new_value = self.model(
+                    mb["obs"], mb["actions"], normalized=self._dataset_normalized
+                )
                 mb_advantages = normalize(mb["advantages"]) if self.algo.norm_adv else mb["advantages"]
                 surrogate = clipped_surrogate(
                     new_log_prob, mb["logprobs"], mb_advantages, clip_coef=self.algo.clip_coef
@@ -200,6 +275,7 @@ class PPO(BasePolicy):
                     mb["returns"],
                     clip_coef=self.algo.clip_coef,
                     clip=self.algo.clip_vloss,
+                    form=self.algo.clip_vloss_form,
                 )
                 entropy_loss = entropy.mean()
                 loss = surrogate.loss - self.algo.ent_coef * entropy_loss + self.algo.vf_coef * v_loss
@@ -228,8 +304,9 @@ class PPO(BasePolicy):
             self.lr_scheduler.step()
         # The batch was collected and trained with version v's statistics (ratio 1 at the start);
         # its raw observations now move them, and version v+1 carries the result.
+        # (perStep merged them in update_dataset, before computing GAE.)
         obs_norm = cast(ActorCritic, unwrap(self.model)).obs_norm
-        if obs_norm is not None:
+        if obs_norm is not None and not self._dataset_normalized:
             obs_norm.update_(b["obs"], world_size=self.world_size)
         metrics = {f"losses/{key}": float(value) / max(steps, 1) for key, value in sums.items()}
         metrics["losses/explained_variance"] = explained_variance(b["values"], b["returns"])

@@ -34,6 +34,12 @@ class PPOAlgoConfig(_Section):
     update_epochs: int = Field(4, ge=1, description="Passes over the epoch's data per train().")
     norm_adv: bool = Field(True, description="Normalise advantages per minibatch.")
     clip_vloss: bool = Field(True, description="Clip the value loss around the old values.")
+    clip_vloss_form: Literal["max", "clipped"] = Field(
+        "max",
+        description="With clipVloss: max trains on the larger of the clipped and unclipped losses "
+        "(CleanRL, OpenAI baselines); clipped trains on the clipped value's loss alone "
+        "(Stable-Baselines3's clip_range_vf: no gradient once V left the clip range).",
+    )
     target_kl: float | None = Field(
         None,
         gt=0.0,
@@ -80,6 +86,14 @@ class PPOModelConfig(_Section):
         "trainer after each update, shipped with every weight version, checkpointed).",
     )
     observation_clip: float = Field(10.0, gt=0.0, description="Clip normalised observations to +-this.")
+    observation_stats: Literal["perUpdate", "perStep"] = Field(
+        "perUpdate",
+        description="With normalizeObservation, when the statistics move. perUpdate: the trainer merges "
+        "each trained batch after the update (a rollout is normalised with one version's statistics). "
+        "perStep: the acting policy also merges every observation before acting on it and ships the "
+        "normalised observation in the fragment (Stable-Baselines3's VecNormalize); the trainer merges "
+        "the same batch, so each version starts from the statistics the rollout ended with.",
+    )
 
     @model_validator(mode="after")
     def _encoder_fits(self) -> PPOModelConfig:
@@ -87,6 +101,8 @@ class PPOModelConfig(_Section):
             raise ValueError(
                 "normalizeObservation applies to the mlp encoder; nature_cnn scales images by 1/255"
             )
+        if self.observation_stats == "perStep" and not self.normalize_observation:
+            raise ValueError("observationStats perStep needs normalizeObservation: true")
         return self
 
 

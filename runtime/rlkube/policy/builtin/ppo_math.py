@@ -83,13 +83,24 @@ def value_loss(
     *,
     clip_coef: float,
     clip: bool,
+    form: str = "max",
 ) -> torch.Tensor:
-    """``0.5 * (V - R)^2``; with ``clip``, the larger of that and the loss of V clipped around the old V."""
+    """``0.5 * (V - R)^2``; with ``clip``, of V clipped around the old V.
+
+    ``form="max"`` (CleanRL, OpenAI baselines) takes the larger of the clipped and unclipped losses,
+    so a V pushed past the clip away from R is still pulled back; ``form="clipped"``
+    (Stable-Baselines3's ``clip_range_vf``) takes the clipped loss alone: past the clip in either
+    direction a sample gives no gradient.
+    """
     unclipped = (new_values - returns) ** 2
     if not clip:
         return 0.5 * unclipped.mean()
     clipped_values = old_values + torch.clamp(new_values - old_values, -clip_coef, clip_coef)
     clipped = (clipped_values - returns) ** 2
+    if form == "clipped":
+        return 0.5 * clipped.mean()
+    if form != "max":
+        raise ValueError(f"value clipping form must be 'max' or 'clipped', got {form!r}")
     return 0.5 * torch.max(unclipped, clipped).mean()
 
 
