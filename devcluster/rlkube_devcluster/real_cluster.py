@@ -86,7 +86,7 @@ class RealCluster:
                     backoff=self.backoff,
                     networks=self.networks,
                     memory=self.shm_root / name,
-                    claims=self.workdir / "claims",
+                    claims=self.workdir / "claims",  # claim() names the same directories
                     max_grace=self.max_grace,
                     stand_in=self.stand_in,
                 )
@@ -95,6 +95,10 @@ class RealCluster:
             self.stop()
             raise
         return self
+
+    def claim(self, namespace: str, name: str) -> Path:
+        """The directory in which the node agents keep PersistentVolumeClaim ``name``'s files."""
+        return self.workdir / "claims" / namespace / name
 
     def coordinator_target(self, namespace: str, job: str) -> str:
         assert self.networks is not None, "the cluster is not started"

@@ -44,7 +44,7 @@ class Box:
 
     def claim(self, namespace: str, name: str) -> Path:
         """The directory of PersistentVolumeClaim ``name``."""
-        return self.workdir / "claims" / namespace / name
+        return self.cluster.claim(namespace, name)
 
     def pod_dirs(self, namespace: str, prefix: str) -> list[Path]:
         """The node agents' directories of the namespace's pods whose names start with ``prefix``."""

@@ -306,9 +306,9 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     events = kube.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=low").stdout
     assert "Preempted" in events
     # Nothing acknowledged was lost and nothing trained twice, over both incarnations (the run's summary,
-    # in the claim the node agent keeps on node-1).
+    # in the checkpoint claim as the node agents keep it).
     summaries = wait_for(
-        lambda: sorted(kube.cluster.workdir.glob(f"nodes/node-1/claims/{ns}/runs/**/summary.json")),
+        lambda: sorted(kube.cluster.claim(ns, "runs").glob("**/summary.json")),
         timeout=120,
         what="train rank 0 to write the run's summary into the checkpoint claim",
     )
