@@ -38,7 +38,7 @@ CHART_SWITCHES = {"RLKUBE_NETWORK_POLICY": ".Values.networkPolicy.enabled"}
 
 def chart_rbac_template() -> str:
     """Helm named templates with the operator's rules, from rlkube_operator.rbac (one source)."""
-    from rlkube_operator.rbac import CLUSTER_RULES, NAMESPACED_RULES
+    from rlkube_operator.rbac import CLUSTER_RULES, LEASE_RULES, NAMESPACED_RULES
 
     def block(name: str, rules: tuple) -> list[str]:
         lines = [f'{{{{- define "{name}" -}}}}']
@@ -63,6 +63,7 @@ def chart_rbac_template() -> str:
                 header,
                 *block("rlkube.namespacedRules", NAMESPACED_RULES),
                 *block("rlkube.clusterRules", CLUSTER_RULES),
+                *block("rlkube.leaseRules", LEASE_RULES),
             ]
         )
         + "\n"

@@ -43,7 +43,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 @pytest.fixture(scope="session")
 def rljob_crd(control_plane: ControlPlane) -> None:
-    """The CRDs of crds/ (RLJob, kopf's peering), applied and Established (served)."""
+    """The CRD of crds/ (RLJob), applied and Established (served)."""
     import json
 
     from rlkube_devcluster.waiting import wait_for
@@ -60,13 +60,6 @@ def rljob_crd(control_plane: ControlPlane) -> None:
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     wait_for(established, what="the RLJob CRD to be Established")
-    kubectl(
-        control_plane.kubeconfig,
-        "wait",
-        "--for=condition=Established",
-        "crd/clusterkopfpeerings.kopf.dev",
-        "--timeout=120s",
-    )
 
 
 @pytest.fixture(scope="session")

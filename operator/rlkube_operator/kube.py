@@ -9,6 +9,8 @@ Every call here has a matching rule in :mod:`rlkube_operator.rbac`:
 * ``delete``  DELETE (an RLJob whose ttlSecondsAfterFinished ran out; its children go by GC)
 * ``patch_status``  PATCH application/merge-patch+json on ``rljobs/status`` (the status refresher)
 * ``post_event``    POST a core/v1 Event about a job (the refresher and the child watches)
+* ``create`` / ``replace``  POST / PUT (the leader-election Lease: a PUT names the
+  resourceVersion it read, so of two replicas writing the same version one gets 409)
 
 kopf itself lists and watches RLJobs, the job's StatefulSets, Services, ConfigMaps and pods.
 """
@@ -39,6 +41,7 @@ PLURALS: dict[str, str] = {
     "Workload": "workloads",
     "ResourceFlavor": "resourceflavors",
     "PriorityClass": "priorityclasses",
+    "Lease": "leases",
 }
 
 #: ``source.component`` of the events the operator posts itself.
@@ -126,6 +129,19 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST; ApiError 409 when an object of that name exists."""
+        meta = obj["metadata"]
+        return self._call(
+            "POST", object_path(obj["apiVersion"], obj["kind"], meta.get("namespace", "")), body=obj
+        )
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT; with ``metadata.resourceVersion`` set, ApiError 409 when the object changed since."""
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+        return self._call("PUT", path, body=obj)
 
     def list(
         self, api_version: str, kind: str, namespace: str, *, label_selector: str

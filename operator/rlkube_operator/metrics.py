@@ -12,6 +12,7 @@ Metrics (all prefixed ``rlkube_operator_``):
 * ``jobs{phase}``                         RLJobs seen by this operator, by phase
 * ``coordinator_unreachable_total``       GetStatus calls that got no answer within the deadline
 * ``applies_total{kind}``                 server-side applies sent, by object kind
+* ``leader``                              1 while this replica holds the leader-election Lease
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ def measured(handler: str) -> Iterator[None]:
     finally:
         RECONCILES.labels(handler=handler).inc()
         DURATION.labels(handler=handler).observe(time.perf_counter() - start)
+
+
+LEADER = Gauge(
+    "rlkube_operator_leader",
+    "1 while this replica holds the leader-election Lease (standalone: 0)",
+    registry=REGISTRY,
+)
 
 
 class Heartbeat:

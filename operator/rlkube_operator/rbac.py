@@ -116,12 +116,6 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "kopf follows namespaces when RLKUBE_WATCH_NAMESPACES holds glob patterns",
     ),
     Rule(
-        ("kopf.dev",),
-        ("clusterkopfpeerings",),
-        ("list", "watch", "patch"),
-        "leader election among operator replicas: kopf reads the peers and patches its keep-alive",
-    ),
-    Rule(
         ("kueue.x-k8s.io",),
         ("resourceflavors",),
         ("get",),
@@ -135,7 +129,17 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     ),
 )
 
-RULES: tuple[Rule, ...] = NAMESPACED_RULES + CLUSTER_RULES
+#: Rules in the operator's own namespace only (a Role there, whatever namespaces it watches).
+LEASE_RULES: tuple[Rule, ...] = (
+    Rule(
+        ("coordination.k8s.io",),
+        ("leases",),
+        ("get", "create", "update"),
+        "leader election among operator replicas: read, create, renew and release the Lease",
+    ),
+)
+
+RULES: tuple[Rule, ...] = NAMESPACED_RULES + CLUSTER_RULES + LEASE_RULES
 
 
 def always(rules: tuple[Rule, ...]) -> tuple[Rule, ...]:

@@ -90,7 +90,7 @@ def operator_markdown() -> str:
     from rlkube.contract import OPERATOR_METRICS_PORT
 
     from rlkube_operator import metrics
-    from rlkube_operator.rbac import CLUSTER_RULES, NAMESPACED_RULES
+    from rlkube_operator.rbac import CLUSTER_RULES, LEASE_RULES, NAMESPACED_RULES
     from rlkube_operator.settings import ENV_VARS
 
     lines = [
@@ -98,7 +98,7 @@ def operator_markdown() -> str:
         "# The rlkube operator",
         "",
         "`rlkube operator [-n NAMESPACE]... [-A] [--verbose]` runs the kopf operator (standalone, or",
-        "one of several replicas electing a leader when RLKUBE_PEERING names a ClusterKopfPeering:",
+        "one of several replicas electing a leader through the Lease RLKUBE_LEADER_ELECTION_LEASE:",
         "see docs/operations.md, High availability). It reads the settings below from its",
         "environment once, at start, and refuses to start naming every bad one.",
         "",
@@ -145,7 +145,12 @@ def operator_markdown() -> str:
     ]
     lines += ["", "## RBAC", "", "Exactly what the operator uses (`operator/rlkube_operator/rbac.py`).", ""]
     lines += ["| scope | apiGroups | resources | verbs | why |", "|---|---|---|---|---|"]
-    for scope, rules in (("namespaced", NAMESPACED_RULES), ("cluster", CLUSTER_RULES)):
+    scopes = (
+        ("namespaced", NAMESPACED_RULES),
+        ("cluster", CLUSTER_RULES),
+        ("operator's namespace", LEASE_RULES),
+    )
+    for scope, rules in scopes:
         for rule in rules:
             groups = ", ".join(f"`{g}`" if g else '`""`' for g in rule.api_groups)
             resources, verbs = ", ".join(rule.resources), ", ".join(rule.verbs)

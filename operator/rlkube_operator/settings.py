@@ -110,14 +110,14 @@ class OperatorSettings:
     log_level: str = "info"
     #: Field manager name for server-side apply (RLKUBE_FIELD_MANAGER).
     field_manager: str = "rlkube-operator"
-    #: Name of the ClusterKopfPeering object the replicas elect a leader through (RLKUBE_PEERING);
-    #: empty: standalone, one replica only. The chart sets it (see docs/operations.md, HA).
-    peering: str = ""
-    #: Seconds a replica's keep-alive stays valid (RLKUBE_PEERING_LIFETIME). A killed leader is
-    #: replaced this long after its last keep-alive (kopf renews it 5 to 10 s before it runs out,
-    #: so 8 s means a keep-alive every 1 to 3 s, one patch of one small object); with the time the
-    #: standby takes to resume, a killed leader is replaced within about 11 s.
-    peering_lifetime: int = 8
+    #: Name of the coordination.k8s.io Lease, in the operator's namespace (RLKUBE_OPERATOR_NAMESPACE),
+    #: that the replicas elect a leader through (RLKUBE_LEADER_ELECTION_LEASE); empty: standalone,
+    #: one replica only. The chart sets it (see docs/operations.md, High availability).
+    leader_election_lease: str = ""
+    #: Seconds the Lease stays valid without a renewal (RLKUBE_LEASE_DURATION). The leader renews
+    #: every 2/15 of it and exits when it has not renewed for 2/3 of it; a standby takes a killed
+    #: leader's Lease this long after its last renewal, one that exits cleanly at once.
+    lease_duration: int = 10
 
     def coordinator_target(self, job: str, namespace: str) -> str:
         return self.coordinator_address.format(job=job, namespace=namespace, port=COORDINATOR_PORT)
@@ -148,10 +148,10 @@ ENV_VARS: dict[str, str] = {
     "RLKUBE_WORKERS": "threads for blocking API and gRPC calls (default 8)",
     "RLKUBE_LOG_LEVEL": "debug, info, warning or error (default info)",
     "RLKUBE_FIELD_MANAGER": "server-side apply field manager (default rlkube-operator)",
-    "RLKUBE_PEERING": "ClusterKopfPeering name for leader election among replicas; empty: standalone",
-    "RLKUBE_PEERING_LIFETIME": "seconds a replica's keep-alive stays valid; a killed leader's successor "
-    "waits this long (default 8)",
-    "POD_ID": "this replica's name in the peering object (read by kopf; the chart sets the pod name)",
+    "RLKUBE_LEADER_ELECTION_LEASE": "name of the Lease (in RLKUBE_OPERATOR_NAMESPACE) the replicas elect a "
+    "leader through; empty: standalone",
+    "RLKUBE_LEASE_DURATION": "seconds the Lease stays valid without a renewal; a killed leader's successor "
+    "waits this long (default 10)",
 }
 
 
@@ -272,8 +272,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:
         workers=number("RLKUBE_WORKERS", base.workers, minimum=1, integer=True),
         log_level=log_level,
         field_manager=text("RLKUBE_FIELD_MANAGER", base.field_manager),
-        peering=env.get("RLKUBE_PEERING", "").strip(),
-        peering_lifetime=number("RLKUBE_PEERING_LIFETIME", base.peering_lifetime, minimum=2, integer=True),
+        leader_election_lease=env.get("RLKUBE_LEADER_ELECTION_LEASE", "").strip(),
+        lease_duration=number("RLKUBE_LEASE_DURATION", base.lease_duration, minimum=3, integer=True),
     )
     if settings.watch_client_timeout <= settings.watch_server_timeout:
         problems.append("RLKUBE_WATCH_CLIENT_TIMEOUT must be longer than RLKUBE_WATCH_SERVER_TIMEOUT")

@@ -1,8 +1,10 @@
 """Operator start-up: every setting applied in one place (:func:`configure`), servers started.
 
-High availability is kopf's peering: every replica runs, exactly one acts (the oldest live one),
-the others are paused by kopf itself (no watch, no handler, no timer) until it is gone. See
-:func:`peering_priority` and docs/operations.md.
+High availability is a coordination.k8s.io Lease (:mod:`rlkube_operator.lease_election`): every
+replica starts, serves /healthz and waits in the startup handler until it holds the Lease; kopf
+starts its watchers only after the startup handlers, so a standby watches and writes nothing. A
+leader that loses the Lease exits at once (its container restarts as a standby), as client-go's
+controllers do. See docs/operations.md.
 
 I/O. ``rlkube operator`` imports :mod:`rlkube_operator.handlers`, whose ``@kopf.on.startup``
 handler calls :func:`configure` and :func:`start`; ``@kopf.on.cleanup`` calls :func:`stop`.
@@ -12,19 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import time
+import os
+import socket
+import uuid
 from typing import Any
 
 import kopf
 
 from rlkube_operator import metrics
 from rlkube_operator.kube import Kube
+from rlkube_operator.lease_election import LeadershipLost, LeaseElector
 from rlkube_operator.reconcile import Reconciler
 from rlkube_operator.refresher import Refresher
 from rlkube_operator.settings import OperatorSettings
 
 ANNOTATION_PREFIX = "rlkube.io"
+#: The exit status of a leader that lost its Lease (client-go's controllers exit 1 as well).
+EXIT_LEADERSHIP_LOST = 1
 
 
 def configure(kopf_settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
@@ -45,36 +51,8 @@ def configure(kopf_settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     # Our own events say what happened; kopf posts only its warnings and errors.
     kopf_settings.posting.level = logging.WARNING
     kopf_settings.execution.max_workers = ours.workers
-    configure_peering(kopf_settings, ours, started=time.time())
-
-
-def peering_priority(started: float, *, tie_breaker: int) -> int:
-    """The older replica has the higher priority: a replica that starts later never preempts.
-
-    kopf pauses every operator that sees a live peer of higher (or equal) priority, and a new
-    replica is paused from its first look at the peering object, so an operator that starts while
-    another acts waits; it takes over only when the acting one is gone (it removes its record on
-    SIGTERM; a killed one's record runs out after RLKUBE_PEERING_LIFETIME). ``tie_breaker``
-    (0..999) separates two replicas started in the same millisecond, which would otherwise both
-    pause.
-    """
-    return -(int(started * 1000) * 1000 + tie_breaker)
-
-
-def configure_peering(
-    kopf_settings: kopf.OperatorSettings, ours: OperatorSettings, *, started: float
-) -> None:
-    """Leader election by kopf's peering (one ClusterKopfPeering per release), or standalone."""
-    if not ours.peering:
-        kopf_settings.peering.standalone = True
-        return
-    kopf_settings.peering.standalone = False
-    kopf_settings.peering.mandatory = True  # paused until the peering object is seen, never unpeered
-    kopf_settings.peering.clusterwide = True  # one object, whichever namespaces the operator serves
-    kopf_settings.peering.name = ours.peering
-    kopf_settings.peering.lifetime = ours.peering_lifetime
-    kopf_settings.peering.priority = peering_priority(started, tie_breaker=random.randrange(1000))
-    kopf_settings.peering.stealth = True  # keep-alives are not logged
+    # One replica acts by holding the Lease (start()), not through kopf's peering.
+    kopf_settings.peering.standalone = True
 
 
 async def start(
@@ -82,21 +60,54 @@ async def start(
 ) -> None:
     memo.settings = ours
     memo.kube = Kube.connect(field_manager=ours.field_manager, timeout=ours.api_timeout)
+    memo.metrics_server = await metrics.start_server(port=ours.metrics_port)  # standbys answer too
+    if ours.leader_election_lease:
+        memo.elector = LeaseElector(
+            memo.kube,
+            namespace=ours.render.operator_namespace,
+            name=ours.leader_election_lease,
+            identity=replica_identity(),
+            duration_s=ours.lease_duration,
+        )
+        logger.info(f"rlkube operator {memo.elector.identity}: waiting to hold {memo.elector.where}")
+        await memo.elector.acquire()
+        metrics.LEADER.set(1)
+        memo.lease_task = asyncio.get_running_loop().create_task(_lead(memo.elector, logger))
     memo.reconciler = Reconciler(kube=memo.kube, settings=ours)
     memo.refresher = Refresher(reconciler=memo.reconciler, kube=memo.kube, interval=ours.status_interval)
     memo.refresher_task = asyncio.get_running_loop().create_task(memo.refresher.run())
-    memo.metrics_server = await metrics.start_server(port=ours.metrics_port)
     logger.info(
         f"rlkube operator: namespaces {', '.join(ours.namespaces) or 'all'}, "
         f"metrics and /healthz on :{ours.metrics_port}, status every {ours.status_interval}s, "
-        + (f"leader election through ClusterKopfPeering {ours.peering}" if ours.peering else "standalone")
+        + (f"leading: holds {memo.elector.where}" if ours.leader_election_lease else "standalone")
     )
 
 
+def replica_identity() -> str:
+    """The pod's name (its hostname, as the container runtime sets it) and a random suffix: a
+    restarted container is a new holder."""
+    return f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+async def _lead(elector: LeaseElector, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    """Renew the Lease; when it is lost, exit at once: no write may follow (the next leader acts)."""
+    try:
+        await elector.keep()
+    except LeadershipLost as exc:
+        logger.error(f"rlkube operator: leadership lost ({exc}); exiting, to restart as a standby")
+        logging.shutdown()
+        os._exit(EXIT_LEADERSHIP_LOST)
+
+
 async def stop(memo: Any) -> None:
-    task = getattr(memo, "refresher_task", None)
-    if task is not None:
-        task.cancel()
+    for name in ("refresher_task", "lease_task"):
+        task = getattr(memo, name, None)
+        if task is not None:
+            task.cancel()
+    elector = getattr(memo, "elector", None)
+    if elector is not None:
+        await asyncio.to_thread(elector.release)
+        metrics.LEADER.set(0)
     server = getattr(memo, "metrics_server", None)
     if server is not None:
         await server.cleanup()

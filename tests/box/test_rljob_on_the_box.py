@@ -231,22 +231,24 @@ def test_a_killed_train_rank_restarts_in_its_pod_and_the_job_resumes_from_its_ch
     )
     killed = k.get("pod", f"{NAME}-train-1")
     seen = box.record(k, "pods")  # every write of a pod, in order: the first restart's status among them
+
+    def train_1_at(restarts: int) -> dict[str, Any] | None:
+        """The first version of train-1 the watch saw with ``restarts`` restarts, once it has."""
+        for event in list(seen):
+            status = (event.obj.get("status", {}).get("containerStatuses") or [{}])[0]
+            if event.obj["metadata"]["name"] == f"{NAME}-train-1" and status.get("restartCount") == restarts:
+                return event.obj
+        return None
+
+    # The watch lists the pods before it follows them: kill only once it has, so no write is missed.
+    wait_for(lambda: train_1_at(0), timeout=60, interval=0.1, what="the pod watch listed train-1")
     os.kill(pid_of(killed), signal.SIGKILL)
 
     # The kubelet restarts the container in the same pod (rank 0 fails with it: its peer is gone).
     # The first restart's lastState is the kill; later ones (a restarted rank that finds its peers
-    # still restarting may exit again) replace it, so it is read at the first restart.
-    def restarts_of_train_1() -> int:
-        live = k.get("pod", f"{NAME}-train-1") or {}
-        return int(live.get("status", {}).get("containerStatuses", [{}])[0].get("restartCount", 0))
-
-    wait_for(lambda: restarts_of_train_1() >= 1, timeout=120, interval=0.1, what="train-1 restarted")
-    first = next(
-        e.obj
-        for e in seen
-        if e.obj["metadata"]["name"] == f"{NAME}-train-1"
-        and (e.obj.get("status", {}).get("containerStatuses") or [{}])[0].get("restartCount") == 1
-    )
+    # still restarting may exit again) replace it, so it is read at the first restart, as the watch
+    # delivered it (a GET may see it before the watch does).
+    first = wait_for(lambda: train_1_at(1), timeout=120, interval=0.1, what="train-1 restarted")
     assert first["metadata"]["uid"] == killed["metadata"]["uid"]
     assert first["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
 

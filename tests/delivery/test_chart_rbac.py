@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkube_operator.rbac import CLUSTER_RULES, NAMESPACED_RULES, RULES, Rule, always
+from rlkube_operator.rbac import CLUSTER_RULES, LEASE_RULES, NAMESPACED_RULES, Rule, always
 
 from tests.delivery.chart import DEFAULT, EVERYTHING, NAMESPACE, NAMESPACED, ValueSet, find, only, render
 
@@ -26,6 +26,12 @@ def grants(rules: tuple[Rule, ...], scope: str) -> set[Grant]:
         for resource in rule.resources
         for verb in rule.verbs
     }
+
+
+#: Every rule the operator watches with, wherever it watches (the ClusterRole in cluster-wide mode).
+WATCHING = NAMESPACED_RULES + CLUSTER_RULES
+#: The leader election Lease: a Role in the operator's own namespace, in either mode.
+LEASE = grants(LEASE_RULES, NAMESPACE)
 
 
 def operator_service_account(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
@@ -64,7 +70,7 @@ def operator_grants(objects: tuple[dict[str, Any], ...]) -> set[Grant]:
 
 def test_cluster_wide_mode_grants_exactly_the_operators_rules() -> None:
     # NetworkPolicies are on by default, so their grant is too.
-    assert operator_grants(render(DEFAULT)) == grants(RULES, CLUSTER)
+    assert operator_grants(render(DEFAULT)) == grants(WATCHING, CLUSTER) | LEASE
 
 
 def test_namespaced_mode_grants_namespaced_rules_per_namespace_and_the_rest_cluster_wide() -> None:
@@ -72,18 +78,19 @@ def test_namespaced_mode_grants_namespaced_rules_per_namespace_and_the_rest_clus
         grants(always(CLUSTER_RULES), CLUSTER)
         | grants(NAMESPACED_RULES, "team-a")
         | grants(NAMESPACED_RULES, "team-b")
+        | LEASE
     )
     assert operator_grants(render(NAMESPACED)) == expected
 
 
 def test_network_policy_switch_adds_only_the_networkpolicy_grant() -> None:
     off = ValueSet("no-netpol", sets=("networkPolicy.enabled=false",))
-    assert operator_grants(render(off)) == grants(always(RULES), CLUSTER)
-    assert operator_grants(render(DEFAULT)) == grants(RULES, CLUSTER)
-    assert grants(RULES, CLUSTER) - grants(always(RULES), CLUSTER) == {
+    assert operator_grants(render(off)) == grants(always(WATCHING), CLUSTER) | LEASE
+    assert operator_grants(render(DEFAULT)) == grants(WATCHING, CLUSTER) | LEASE
+    assert grants(WATCHING, CLUSTER) - grants(always(WATCHING), CLUSTER) == {
         (CLUSTER, "networking.k8s.io", "networkpolicies", verb) for verb in ("create", "patch")
     }
-    everything = grants(CLUSTER_RULES, CLUSTER) | grants(NAMESPACED_RULES, "team-a")
+    everything = grants(CLUSTER_RULES, CLUSTER) | grants(NAMESPACED_RULES, "team-a") | LEASE
     assert operator_grants(render(EVERYTHING)) == everything
 
 

@@ -59,11 +59,8 @@ def test_every_rendered_object_is_valid_for_kubernetes_1_29_to_1_35(values: Valu
             if problem:
                 problems.append(problem)
     assert not problems, "\n".join(problems)
-    # Only the Prometheus Operator's ServiceMonitor and the peering object have no built-in schema;
-    # both are checked below.
-    assert unchecked <= {"monitoring.coreos.com/v1/ServiceMonitor", "kopf.dev/v1/ClusterKopfPeering"}, (
-        unchecked
-    )
+    # Only the Prometheus Operator's ServiceMonitor has no built-in schema.
+    assert unchecked <= {"monitoring.coreos.com/v1/ServiceMonitor"}, unchecked
 
 
 def test_installed_kubernetes_validate_has_schemas_for_every_version_tested() -> None:
@@ -81,10 +78,17 @@ def test_chart_refuses_kubernetes_older_than_1_29() -> None:
 def test_default_install_renders_the_operator_and_its_plumbing() -> None:
     kinds = sorted(o["kind"] for o in render(DEFAULT))
     expected = ["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding"]
-    expected += ["ClusterKopfPeering", "PodDisruptionBudget"]
+    expected += ["Role", "RoleBinding", "PodDisruptionBudget"]
     assert kinds == sorted([*expected, "Service", "Deployment", "NetworkPolicy"])
     for document in render(DEFAULT):
-        if document["kind"] in ("ServiceAccount", "Service", "Deployment", "NetworkPolicy"):
+        if document["kind"] in (
+            "ServiceAccount",
+            "Service",
+            "Deployment",
+            "NetworkPolicy",
+            "Role",
+            "RoleBinding",
+        ):
             assert document["metadata"]["namespace"] == NAMESPACE
 
 
@@ -102,26 +106,28 @@ def test_operator_runs_two_replicas_rolled_one_at_a_time_with_a_disruption_budge
         assert budget["spec"]["selector"] == deployment["spec"]["selector"]
 
 
-def test_operator_replicas_elect_a_leader_through_the_charts_peering_object() -> None:
-    objects = render(DEFAULT)
-    peering = only(objects, "ClusterKopfPeering")
-    env = {e["name"]: e for e in operator_container(objects)["env"]}
-    assert env["RLKUBE_PEERING"]["value"] == peering["metadata"]["name"]
-    assert env["RLKUBE_PEERING_LIFETIME"]["value"] == "8"
-    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+def test_operator_replicas_elect_a_leader_through_a_lease_they_may_write_in_their_namespace_only() -> None:
+    from rlkube_operator.rbac import LEASE_RULES
 
-
-def test_the_peering_object_fits_the_peering_crd_the_chart_installs() -> None:
-    import jsonschema
-
-    crd = yaml.safe_load((CHART / "crds" / "kopf-peering.yaml").read_text())
-    assert crd == yaml.safe_load((CHART.parent.parent / "crds" / "kopf-peering.yaml").read_text())
-    (version,) = crd["spec"]["versions"]
-    peering = only(render(DEFAULT), "ClusterKopfPeering")
-    assert peering["apiVersion"] == f"{crd['spec']['group']}/{version['name']}"
-    assert crd["spec"]["scope"] == "Cluster"
-    assert "namespace" not in peering["metadata"]
-    jsonschema.validate(peering, version["schema"]["openAPIV3Schema"])
+    for values in VALUE_SETS:
+        objects = render(values)
+        env = {e["name"]: e for e in operator_container(objects)["env"]}
+        assert env["RLKUBE_LEADER_ELECTION_LEASE"]["value"]
+        assert env["RLKUBE_LEASE_DURATION"]["value"] == "10"
+        leases = [r for r in find(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+        assert len(leases) == 1, values
+        (role,) = leases
+        assert role["metadata"]["namespace"] == NAMESPACE
+        assert role["rules"] == [rule.as_manifest() for rule in LEASE_RULES]
+        (binding,) = find(objects, "RoleBinding", role["metadata"]["name"])
+        assert binding["metadata"]["namespace"] == NAMESPACE
+        (subject,) = binding["subjects"]
+        assert (
+            subject["name"] == only(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+        )
+        # Nowhere else: a ClusterRole granting leases could take over other controllers' Leases.
+        for cluster_role in (o for o in objects if o["kind"] == "ClusterRole"):
+            assert all("leases" not in rule.get("resources", []) for rule in cluster_role["rules"])
 
 
 def test_one_operator_replica_has_no_disruption_budget() -> None:

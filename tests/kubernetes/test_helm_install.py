@@ -155,6 +155,9 @@ def test_helm_install_runs_the_operator_as_a_pod_under_the_charts_service_accoun
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{operator_report(release)}") from None
+    # It leads through the chart's Lease, which the chart's Role lets it hold in its namespace only.
+    lease = json.loads(run_kubectl(release, "-n", NAMESPACE, "get", "lease", OPERATOR, "-o", "json").stdout)
+    assert lease["spec"]["holderIdentity"].startswith(pod["metadata"]["name"] + "_"), lease["spec"]
 
 
 def test_an_rljob_applied_with_kubectl_trains_to_complete_on_pods_the_node_agents_run(

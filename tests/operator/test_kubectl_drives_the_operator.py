@@ -291,9 +291,9 @@ NOT_EXERCISED = {
     ("", "namespaces", "list"),
     ("", "namespaces", "watch"),
     # Leader election: this module runs one standalone operator (tests/operator/test_leader_election.py).
-    ("kopf.dev", "clusterkopfpeerings", "list"),
-    ("kopf.dev", "clusterkopfpeerings", "watch"),
-    ("kopf.dev", "clusterkopfpeerings", "patch"),
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
     # kueueIntegration RLJob: exercised against the real Kueue in tests/kueue (this module runs none).
     *(
         ("kueue.x-k8s.io", "workloads", verb)

@@ -1,13 +1,14 @@
-"""Two operator replicas, one acting: the real kopf peering on a real kube-apiserver, driven by kubectl.
+"""Operator replicas elect one leader through a real coordination.k8s.io Lease, driven by kubectl.
 
 Each replica authenticates with a client certificate of its own (bound to the ClusterRole of
 rbac.RULES), so the API server's audit log tells whose writes are whose. A replica counts as
-acting when it writes anything but its own keep-alive in the ClusterKopfPeering (applies, status
-patches, events).
+acting when it writes anything but the Lease (applies, status patches, events). The Lease lives
+in the test's namespace (RLKUBE_OPERATOR_NAMESPACE), as the chart puts it in the release's.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from rlkube_devcluster.coordinators import FakeCoordinators
 from rlkube_devcluster.kubelet.node_agent import NodeAgent
 from rlkube_devcluster.operator_process import OperatorProcess
 from rlkube_devcluster.waiting import wait_for
+from rlkube_operator.leadership import retry_period
+from rlkube_operator.lease_election import micro_time
 
 from tests.operator.conftest import Kubectl, start_operator
 from tests.operator.manifests import job_document
@@ -26,11 +29,12 @@ from tests.operator.manifests import job_document
 if TYPE_CHECKING:
     from rlkube_devcluster.controlplane.cluster import ControlPlane
 
-PEERING = "rlkube-ha"
-#: What a user of the chart gets: RLKUBE_PEERING_LIFETIME's default.
-LIFETIME = 8
-#: The issue's promise: a killed leader is replaced within this many seconds.
-TAKEOVER_SECONDS = 15
+LEASE = "rlkube-operator"
+#: What a user of the chart gets: RLKUBE_LEASE_DURATION's default.
+DURATION = 10
+#: A killed leader's Lease is taken DURATION after its last renewal; the rest is margin for a
+#: loaded machine (the standby's next try, kopf starting its watchers, the apply itself).
+TAKEOVER_SECONDS = 2 * DURATION
 WRITES = ("create", "patch", "update", "delete")
 
 
@@ -51,37 +55,55 @@ def start(
     control_plane: ControlPlane,
     coordinators: FakeCoordinators,
     workdir: Path,
+    k: Kubectl,
     *,
     env: dict[str, str] | None = None,
-) -> None:
+) -> str:
+    """Start replica ``name``; return its identity in the Lease (as its log names it)."""
     replicas[name] = start_operator(
         control_plane,
         coordinators,
         workdir,
         name,
-        env={"RLKUBE_PEERING": PEERING, "RLKUBE_FIELD_MANAGER": name, **(env or {})},
+        env={
+            "RLKUBE_LEADER_ELECTION_LEASE": LEASE,
+            "RLKUBE_OPERATOR_NAMESPACE": k.namespace,
+            "RLKUBE_FIELD_MANAGER": name,
+            **(env or {}),
+        },
+    )
+    return str(
+        wait_for(
+            lambda: (
+                (found := re.search(r"rlkube operator (\S+): waiting to hold", replicas[name].log()))
+                and found.group(1)
+            ),
+            what=f"{name} to name its identity",
+        )
     )
 
 
 def kill(process: OperatorProcess) -> None:
-    """SIGKILL: no goodbye in the peering object, the worst case for a takeover."""
+    """SIGKILL: no release of the Lease, the worst case for a takeover."""
     assert process.process is not None
     process.process.send_signal(signal.SIGKILL)
     process.process.wait(10)
 
 
 def writes(control_plane: ControlPlane, user: str) -> int:
-    """Requests of ``user`` that change anything besides its keep-alive."""
+    """Requests of ``user`` that change anything besides the Lease."""
     return sum(
-        1
-        for e in control_plane.audit()
-        if e.user == user and e.verb in WRITES and e.resource != "clusterkopfpeerings"
+        1 for e in control_plane.audit() if e.user == user and e.verb in WRITES and e.resource != "leases"
     )
 
 
-def peers(k: Kubectl, name: str = PEERING) -> dict[str, Any]:
-    peering = k.get("clusterkopfpeering", name) or {}
-    return dict(peering.get("status") or {})
+def lease(k: Kubectl) -> dict[str, Any]:
+    return dict((k.get("lease", LEASE) or {}).get("spec") or {})
+
+
+def leader_gauge(process: OperatorProcess) -> float:
+    (line,) = [line for line in process.metrics().splitlines() if line.startswith("rlkube_operator_leader ")]
+    return float(line.split()[1])
 
 
 def applied(k: Kubectl, job: str) -> bool:
@@ -89,7 +111,7 @@ def applied(k: Kubectl, job: str) -> bool:
 
 
 #: The chart's two modes: the whole cluster, or listed namespaces (a glob here: tests' namespaces
-#: are made per test); both elect through the one cluster-scoped peering object.
+#: are made per test); both elect through one Lease in the operator's namespace.
 SCOPES = {"cluster": {}, "namespaces": {"RLKUBE_WATCH_NAMESPACES": "op*"}}
 
 
@@ -102,21 +124,26 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_is_killed(
     workdir: Path,
     scope: str,
 ) -> None:
-    peering = f"{PEERING}-{scope}"  # one peering object per test: no records left by another
-    env = {**SCOPES[scope], "RLKUBE_PEERING": peering}
-    k.apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}})
     a, b = f"op-a-{scope}", f"op-b-{scope}"
-    start(replicas, a, control_plane, coordinators, workdir, env=env)
+    first = start(replicas, a, control_plane, coordinators, workdir, k, env=SCOPES[scope])
     k.apply(job_document("first"))
     wait_for(lambda: applied(k, "first"), what="the first replica applies the first job")
+    held = lease(k)
+    assert (held["holderIdentity"], held["leaseDurationSeconds"], held["leaseTransitions"]) == (
+        first,
+        DURATION,
+        0,
+    )
 
-    start(replicas, b, control_plane, coordinators, workdir, env=env)
-    wait_for(lambda: len(peers(k, peering)) == 2, what="both replicas in the peering object")
+    second = start(replicas, b, control_plane, coordinators, workdir, k, env=SCOPES[scope])
+    wait_for(lambda: "standing by" in replicas[b].log(), what="the second replica to stand by")
     k.apply(job_document("second"))
     wait_for(lambda: applied(k, "second"), what="the acting replica applies the second job")
     wait_for(lambda: (k.get("rlj", "second") or {}).get("status"), what="status of the second job")
     assert writes(control_plane, a) > 0
     assert writes(control_plane, b) == 0, "the standby replica acted while the leader was alive"
+    assert (leader_gauge(replicas[a]), leader_gauge(replicas[b])) == (1, 0)
+    assert lease(k)["renewTime"] != held["renewTime"], "the leader does not renew its Lease"
 
     kill(replicas[a])
     killed = time.monotonic()
@@ -127,8 +154,11 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_is_killed(
         interval=0.2,
         what=f"the standby takes over within {TAKEOVER_SECONDS}s of the leader's SIGKILL",
     )
-    print(f"takeover after SIGKILL: {time.monotonic() - killed:.1f}s (keep-alive lifetime {LIFETIME}s)")
+    print(f"takeover after SIGKILL: {time.monotonic() - killed:.1f}s (Lease duration {DURATION}s)")
+    taken = lease(k)
+    assert (taken["holderIdentity"], taken["leaseTransitions"]) == (second, 1)
     assert writes(control_plane, b) > 0
+    assert leader_gauge(replicas[b]) == 1
     # The new leader also reconciles what the old one left: the jobs it never saw are served.
     wait_for(lambda: (k.get("rlj", "third") or {}).get("status"), what="status of the third job")
 
@@ -141,12 +171,11 @@ def test_a_replica_started_later_waits_and_takes_over_at_once_from_a_leader_that
     workdir: Path,
 ) -> None:
     """A rolling update: the new pod starts beside the acting one, waits, then replaces it."""
-    k.apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}})
-    start(replicas, "op-c", control_plane, coordinators, workdir)
+    start(replicas, "op-c", control_plane, coordinators, workdir, k)
     k.apply(job_document("before"))
     wait_for(lambda: applied(k, "before"), what="the old replica applies a job")
-    start(replicas, "op-d", control_plane, coordinators, workdir)
-    wait_for(lambda: "op-c" in str(peers(k)) or len(peers(k)) >= 2, what="both replicas peered")
+    new = start(replicas, "op-d", control_plane, coordinators, workdir, k)
+    wait_for(lambda: "standing by" in replicas["op-d"].log(), what="the new replica to stand by")
     k("scale", "rlj/before", "--replicas=3")
     wait_for(
         lambda: (k.get("statefulset", "before-eval") or {}).get("spec", {}).get("replicas") == 3,
@@ -154,31 +183,41 @@ def test_a_replica_started_later_waits_and_takes_over_at_once_from_a_leader_that
     )
     assert writes(control_plane, "op-d") == 0, "the new replica acted beside the old one"
 
-    replicas["op-c"].stop()  # SIGTERM, as a rolling update sends it: kopf removes its record
+    replicas["op-c"].stop()  # SIGTERM, as a rolling update sends it: the leader releases the Lease
+    # Released, not left to run out: no holder, or already the new replica (never the old one).
+    assert lease(k).get("holderIdentity") in (None, new)
     k.apply(job_document("after"))
     wait_for(lambda: applied(k, "after"), timeout=TAKEOVER_SECONDS, what="the new replica takes over")
     assert writes(control_plane, "op-d") > 0
+    assert lease(k)["holderIdentity"] == new
 
 
-def test_a_replica_started_later_has_the_lower_priority_whatever_its_tie_breaker() -> None:
-    from rlkube_operator.startup import peering_priority
-
-    first = peering_priority(1000.000, tie_breaker=0)
-    assert peering_priority(1000.001, tie_breaker=999) < first
-    assert peering_priority(1000.000, tie_breaker=1) != first
-
-
-def test_without_a_peering_name_the_operator_runs_standalone_and_with_one_it_must_peer() -> None:
-    import kopf
-    from rlkube_operator.settings import load_settings
-    from rlkube_operator.startup import configure_peering
-
-    alone = kopf.OperatorSettings()
-    configure_peering(alone, load_settings({}), started=1.0)
-    assert alone.peering.standalone
-    peered = kopf.OperatorSettings()
-    configure_peering(peered, load_settings({"RLKUBE_PEERING": PEERING}), started=1.0)
-    assert not peered.peering.standalone
-    assert peered.peering.mandatory  # paused until it has seen the other replicas
-    assert peered.peering.clusterwide  # one object, whichever namespaces are served
-    assert (peered.peering.name, peered.peering.lifetime) == (PEERING, LIFETIME)
+def test_a_leader_that_finds_its_lease_taken_stops_at_once(
+    control_plane: ControlPlane,
+    coordinators: FakeCoordinators,
+    k: Kubectl,
+    replicas: dict[str, OperatorProcess],
+    workdir: Path,
+) -> None:
+    """Fencing: whoever holds the Lease acts alone; a leader that lost it exits before its next write."""
+    start(replicas, "op-e", control_plane, coordinators, workdir, k)
+    k.apply(job_document("fenced"))
+    wait_for(lambda: applied(k, "fenced"), what="the leader applies a job")
+    # Another holder (a replica the leader cannot see, or an admin) takes the Lease.
+    now = micro_time()
+    k(
+        "patch",
+        "lease",
+        LEASE,
+        "--type=merge",
+        "-p",
+        '{"spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600,'
+        f' "acquireTime": "{now}", "renewTime": "{now}"}}}}',
+    )
+    process = replicas["op-e"].process
+    assert process is not None
+    # It notices at its next renewal (every retry period) and exits 1, for its container to restart.
+    assert process.wait(10 + 5 * retry_period(DURATION)) == 1
+    assert "leadership lost" in replicas["op-e"].log()
+    assert "someone-else" in replicas["op-e"].log()
+    assert lease(k)["holderIdentity"] == "someone-else"

@@ -47,9 +47,8 @@ def test_every_variable_is_read() -> None:
         "RLKUBE_WORKERS": "4",
         "RLKUBE_LOG_LEVEL": "debug",
         "RLKUBE_FIELD_MANAGER": "me",
-        "RLKUBE_PEERING": "rlkube-system-rlkube-operator",
-        "RLKUBE_PEERING_LIFETIME": "12",
-        "POD_ID": "rlkube-operator-5d9c7-x2x4q",
+        "RLKUBE_LEADER_ELECTION_LEASE": "rlkube-operator",
+        "RLKUBE_LEASE_DURATION": "12",
     }
     assert set(env) == set(ENV_VARS)
     s = load_settings(env)
@@ -65,7 +64,7 @@ def test_every_variable_is_read() -> None:
     assert s.coordinator_target("j", "n") == "unix:///run/n.j.sock"
     assert (s.watch_server_timeout, s.watch_client_timeout, s.api_timeout, s.workers) == (100, 120, 15.0, 4)
     assert (s.log_level, s.field_manager) == ("debug", "me")
-    assert (s.peering, s.peering_lifetime) == ("rlkube-system-rlkube-operator", 12)
+    assert (s.leader_election_lease, s.lease_duration) == ("rlkube-operator", 12)
 
 
 def test_bad_values_are_all_named_at_once() -> None:

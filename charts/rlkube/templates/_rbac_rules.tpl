@@ -46,13 +46,15 @@
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-- apiGroups: ["kopf.dev"]
-  resources: ["clusterkopfpeerings"]
-  verbs: ["list", "watch", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["resourceflavors"]
   verbs: ["get"]
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
   verbs: ["get"]
+{{- end }}
+{{- define "rlkube.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
 {{- end }}

@@ -438,7 +438,12 @@ class NodeAgent:
         for directory in run.sandbox.contract_dirs(env):
             directory.mkdir(parents=True, exist_ok=True)
         env[TERMINATION_PATH_VARIABLE] = str(fresh_termination_file(run))
-        cluster = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.api_port)}
+        cluster = {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.api_port),
+            # The container runtime's: the pod's hostname (its name unless spec.hostname says otherwise).
+            "HOSTNAME": (pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"],
+        }
         command = container_command(run.container, python=self.python)
         binds = run.sandbox.projected_mounts(run.container)
         if self.mount_namespaces and binds:
