@@ -66,19 +66,15 @@ class LeaseElector:
         """Read the Lease and create, take or renew it if this replica may; True when it holds it."""
         now = time.monotonic()
         lease = self.kube.get(API_VERSION, KIND, self.namespace, self.name)
-        if lease is None:
-            self._seen = None
-            step = Step.CREATE
-        else:
-            self._seen = observe(self._seen, LeaseRecord.from_spec(lease.get("spec")), now)
-            step = decide(self._seen, self.identity, now)
+        current = None if lease is None else LeaseRecord.from_spec(lease.get("spec"))
+        self._seen = None if current is None else observe(self._seen, current, now)
+        step = decide(self._seen, self.identity, now)
         if step is Step.WAIT:
             self._leading = False
             return False
-        current = None if lease is None else LeaseRecord.from_spec(lease.get("spec"))
         record = claimed(current, self.identity, duration_s=self.duration_s, now=micro_time())
         try:
-            if lease is None:
+            if lease is None:  # Step.CREATE
                 self.kube.create(self._object(record, resource_version=None))
             else:
                 self.kube.replace(self._object(record, resource_version=lease["metadata"]["resourceVersion"]))
