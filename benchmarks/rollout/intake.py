@@ -145,12 +145,29 @@ def _hold_gil(seconds: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------- rank 0
+def slow_syncs(seconds: float) -> None:
+    """Make every ``os.fsync`` in this process take at least ``seconds``, as on a network block
+    volume; the wait releases the GIL, as a real sync does."""
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        start = time.perf_counter()
+        real_fsync(fd)
+        left = seconds - (time.perf_counter() - start)
+        if left > 0:
+            time.sleep(left)
+
+    os.fsync = fsync
+
+
 def run_rank0(args: argparse.Namespace) -> int:
     from rlkube.coordinator.journal import JOURNAL_DIR, AckJournal
     from rlkube.coordinator.service import CoordinatorServer
     from rlkube.coordinator.state import Coordinator
 
     shape = SHAPES[args.shape]
+    if args.sync_ms > 0:
+        slow_syncs(args.sync_ms * 1e-3)
     job = bench_job(shape, producers=args.producers, steps_per_epoch=args.steps_per_epoch)
     coordinator = Coordinator(job)
     coordinator.spaces = spaces_of(shape)
@@ -284,6 +301,8 @@ def measure(args: argparse.Namespace, producers: int, root: Path) -> dict[str, A
         str(args.warmup),
         "--train-us-per-step",
         str(args.train_us_per_step),
+        "--sync-ms",
+        str(args.sync_ms),
         *(["--no-journal"] if args.no_journal else []),
     ]
     rank0 = subprocess.Popen([*module, *rank0_args, *common])
@@ -311,6 +330,7 @@ def measure(args: argparse.Namespace, producers: int, root: Path) -> dict[str, A
         "shape": args.shape,
         "producers": producers,
         "journal": not args.no_journal,
+        "sync_ms": args.sync_ms,
         "train_us_per_step": args.train_us_per_step,
         **row,
     }
@@ -318,14 +338,15 @@ def measure(args: argparse.Namespace, producers: int, root: Path) -> dict[str, A
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'shape':8s} {'producers':>9s} {'journal':>7s} {'train us/step':>13s} {'fragments/s':>11s} "
-        f"{'env steps/s':>11s} {'rank 0 cpu ms/frag':>18s} {'rank 0 cpu':>10s}"
+        f"{'shape':8s} {'producers':>9s} {'journal':>7s} {'sync ms':>7s} {'train us/step':>13s} "
+        f"{'fragments/s':>11s} {'env steps/s':>11s} {'rank 0 cpu ms/frag':>18s} {'rank 0 cpu':>10s}"
     ]
     for r in rows:
         cpu = r.get("rank0_cpu_ms_per_fragment")
         lines.append(
             f"{r['shape']:8s} {r['producers']:9d} {'on' if r['journal'] else 'off':>7s} "
-            f"{r['train_us_per_step']:13.0f} {r.get('fragments_per_second', 0):11,.1f} "
+            f"{r.get('sync_ms', 0.0):7.1f} {r['train_us_per_step']:13.0f} "
+            f"{r.get('fragments_per_second', 0):11,.1f} "
             f"{r.get('env_steps_per_second', 0):11,.0f} {'-' if cpu is None else f'{cpu:.2f}':>18s} "
             f"{100 * r.get('rank0_cpu_share', 0):9.0f}%"
         )
@@ -372,6 +393,12 @@ def parser() -> argparse.ArgumentParser:
         help="rank 0 holds the GIL this long per env step taken (0: training off)",
     )
     p.add_argument("--no-journal", action="store_true", help="no acknowledgement journal (not a real job)")
+    p.add_argument(
+        "--sync-ms",
+        type=float,
+        default=0.0,
+        help="every fsync on rank 0 takes at least this long (a network block volume: 1-10 ms)",
+    )
     p.add_argument("--pause-for-profiler", action="store_true", help="print the pids (attach py-spy)")
     p.add_argument("--json", type=Path, default=None)
     # internal (the rank 0 and producer processes)

@@ -3,11 +3,13 @@ pusher's next task (one round trip per fragment), with every guarantee of the pu
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rlkube.coordinator import journal as journal_module
 from rlkube.coordinator.journal import AckJournal
 from rlkube.coordinator.state import STOP, Coordinator, PushOutcome
 from rlkube.coordinator.tasks import TaskSpec
@@ -163,3 +165,62 @@ def test_concurrent_journal_writes_each_land_once_and_the_count_covers_them(tmp_
     rewards = sorted(float(f.data["reward"][0, 0]) for _, f in replayed.replay(epoch=3))
     assert rewards == [float(i) for i in range(16)]
     assert replayed.acknowledged_by_incarnation() == {"inc": 16, "next": 0}
+
+
+def test_acknowledging_a_fragment_costs_one_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    syncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd))[1])
+    journal = AckJournal(tmp_path, incarnation="inc").open()
+    for i in range(5):
+        journal.record(epoch=0, fragment=pushed_fragment(float(i)), key=f"e0-f{i}.x")
+    assert len(syncs) == 5  # the entries; no count file on the acknowledgement path
+    assert journal.acknowledged_by_incarnation() == {"inc": 5}
+
+
+def test_a_dead_incarnation_is_counted_exactly_after_checkpoints_deleted_its_entries(tmp_path: Path) -> None:
+    """Its entries were deleted by its own checkpoint (one still being written then) and the next's."""
+    first = AckJournal(tmp_path, incarnation="first").open()
+    for epoch in (0, 0, 1):
+        first.record(epoch=epoch, fragment=pushed_fragment(float(epoch)))
+    entered, release = threading.Event(), threading.Event()
+    real_write = journal_module._write_synced
+
+    def slow_entry(path: Path, data: bytes) -> None:
+        if path.name.endswith("-000004.frag"):
+            entered.set()
+            assert release.wait(DEADLINE)
+        real_write(path, data)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(journal_module, "_write_synced", slow_entry)
+        writer = threading.Thread(target=lambda: first.record(epoch=1, fragment=pushed_fragment(9.0)))
+        writer.start()
+        assert entered.wait(DEADLINE)
+        assert first.checkpointed(1) == 2  # epoch 0's two entries; the fourth is being written
+        release.set()
+        writer.join(DEADLINE)
+    assert first.acknowledged == 4
+    # rank 0 dies; the next one checkpoints past epoch 1 and deletes the rest of first's entries
+    second = AckJournal(tmp_path, incarnation="second").open()
+    second.record(epoch=2, fragment=pushed_fragment(2.0))
+    assert second.acknowledged_by_incarnation() == {"first": 4, "second": 1}
+    assert second.checkpointed(2) == 2
+    assert second.pending(1) == []
+    assert second.acknowledged_by_incarnation() == {"first": 4, "second": 1}
+    assert AckJournal(tmp_path, incarnation="third").open().acknowledged_by_incarnation() == {
+        "first": 4,
+        "second": 1,
+        "third": 0,
+    }
+
+
+def test_quarantined_entries_of_a_dead_incarnation_still_count_as_acknowledged(tmp_path: Path) -> None:
+    first = AckJournal(tmp_path / "ck" / "acknowledged", incarnation="first").open()
+    for i in range(3):
+        first.record(epoch=0, fragment=pushed_fragment(float(i)))
+    second = AckJournal(tmp_path / "ck" / "acknowledged", incarnation="second").open()
+    key, _ = second.replay(epoch=0)[0]
+    second.quarantine(key, reason="not finite")
+    second.checkpointed(1)
+    assert second.acknowledged_by_incarnation() == {"first": 3, "second": 0}

@@ -21,16 +21,21 @@ in the stream belongs to no step yet: it is written as ``q-<incarnation>-<n>.fra
 (step ``P``) takes back every entry of steps ``>= P`` and every ``q-`` entry, ahead of new work
 (:meth:`AckJournal.replay`).
 
-``acks-<incarnation>.json`` counts what each incarnation acknowledged, so the summary can add
-up every incarnation of the run.
+What each incarnation acknowledged (the summary adds up every incarnation of the run) is
+derived, not written on the acknowledgement path: an entry's name carries its incarnation and
+sequence number, and ``acks-<incarnation>.json`` only records, at each checkpoint and before it
+deletes anything, how many entries the incarnation had acknowledged, the highest sequence number
+it had handed out and those still being written then. An incarnation's count is that record plus
+its entries (in the journal or in quarantine) the record does not cover. Before a checkpoint
+deletes entries it folds every other incarnation's uncovered entries into that incarnation's
+record (the others are dead: one rank 0 runs at a time), so no deleted entry goes uncounted.
 
 :meth:`AckJournal.record` is called by the pushes themselves, concurrently and outside the
-coordinator's lock: each writes and syncs its own entry, so pushes arriving together share the
-file system's journal commit (ext4 merges concurrent ``fsync`` calls into one) instead of queueing
-behind one lock for two syncs each, which capped a job at ~1 / (2 x fsync) fragments per second.
-The count file is rewritten by one push at a time, and a push that finds it already covering its
-entry (written by another push meanwhile) skips it: one sync per group, not per fragment. The
-entry is the received message's batch as it came (no second encoding of the tensors).
+coordinator's lock: each writes and syncs its own entry and nothing else, so pushes arriving
+together share the file system's journal commit (ext4 merges concurrent ``fsync`` calls into one)
+instead of queueing behind one lock for syncs of their own, which capped a job at
+~1 / (2 x fsync) fragments per second. One sync per acknowledged fragment. The entry is the
+received message's batch as it came (no second encoding of the tensors).
 
 Each entry names the worker that pushed it (its public name) and the task's public part. An
 entry the coordinator will not train on when it takes it back (``Coordinator._take_back``) is
@@ -47,6 +52,7 @@ import re
 import shutil
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlkube._proto import policy_group_pb2 as pb
@@ -59,6 +65,43 @@ JOURNAL_DIR = "acknowledged"
 _FRAGMENT = re.compile(r"^e(\d{6,})-([0-9a-zA-Z]+)-(\d{6,})\.frag$")
 _QUEUED = re.compile(r"^q-([0-9a-zA-Z]+)-(\d{6,})\.frag$")  # acknowledged in a stream, no step yet
 _COUNTS = re.compile(r"^acks-([0-9a-zA-Z]+)\.json$")
+_STEM = re.compile(r"^(?:e\d{6,}|q)-([0-9a-zA-Z]+)-(\d{6,})\.frag$")  # any entry: (incarnation, sequence)
+
+
+@dataclass(frozen=True)
+class CountRecord:
+    """``acks-<incarnation>.json``: ``acknowledged`` entries among sequence numbers up to ``handed_out``,
+    not counting those of ``in_flight`` (still being written when the record was made). Pure."""
+
+    acknowledged: int = 0
+    handed_out: int = 0
+    in_flight: frozenset[int] = frozenset()
+
+    def covers(self, sequence: int) -> bool:
+        return sequence <= self.handed_out and sequence not in self.in_flight
+
+    def to_json(self) -> bytes:
+        in_flight = sorted(self.in_flight)
+        record = {"acknowledged": self.acknowledged, "handedOut": self.handed_out, "inFlight": in_flight}
+        return json.dumps(record).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> CountRecord:
+        record = json.loads(data)
+        acknowledged = int(record["acknowledged"])
+        # A record without ``handedOut`` (written on every acknowledgement, before this layout) is exact.
+        handed_out = int(record.get("handedOut", 1 << 62))
+        return cls(acknowledged, handed_out, frozenset(int(s) for s in record.get("inFlight", ())))
+
+
+def entries_by_incarnation(names: Iterable[str]) -> dict[str, list[int]]:
+    """The sequence numbers of the journal entries among ``names``, by incarnation. Pure."""
+    found: dict[str, list[int]] = {}
+    for name in names:
+        match = _STEM.match(name)
+        if match:
+            found.setdefault(match.group(1), []).append(int(match.group(2)))
+    return found
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -90,9 +133,8 @@ class AckJournal:
         self._replayed = 0
         #: buffer key -> (file name now, "<incarnation>-<n>.frag") of entries not yet taken by a step
         self._entries: dict[str, tuple[str, str]] = {}
+        self._in_flight: set[int] = set()  # sequence numbers being written now
         self._lock = threading.Lock()  # the counters and names above (never held across a sync)
-        self._count_lock = threading.Lock()  # one writer of the count file at a time
-        self._count_written = 0  # what the count file on disk says
 
     def open(self) -> AckJournal:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -117,6 +159,29 @@ class AckJournal:
         with self._lock:
             self._written += 1
             written = self._written
+            self._in_flight.add(written)
+        try:
+            name, stem = self._write_entry(epoch, fragment, key, worker, received, written)
+        except BaseException:
+            with self._lock:
+                self._in_flight.discard(written)
+            raise
+        with self._lock:  # counted and no longer in flight at one instant (see _record_counts)
+            if key:
+                self._entries[key] = (name, stem)
+            self.acknowledged += 1
+            self._in_flight.discard(written)
+
+    def _write_entry(
+        self,
+        epoch: int | None,
+        fragment: Fragment,
+        key: str,
+        worker: str,
+        received: pb.Fragment | None,
+        written: int,
+    ) -> tuple[str, str]:
+        """Write and sync entry number ``written``: (its file name, its stem)."""
         task = key.rsplit(".", 1)[0] if key else f"journal-{written}"
         if received is not None:  # the identity fields are rewritten: the worker id is the worker's secret
             message = pb.Fragment(
@@ -133,23 +198,44 @@ class AckJournal:
         stem = f"{self.incarnation}-{written:06d}.frag"
         name = f"q-{stem}" if epoch is None else f"e{epoch:06d}-{stem}"
         _write_synced(self.directory / name, message.SerializeToString())
-        with self._lock:
-            if key:
-                self._entries[key] = (name, stem)
-            self.acknowledged += 1
-        self._write_count()
+        return name, stem
 
-    def _write_count(self) -> None:
-        """Make the count file cover every entry synced so far (one sync serves every waiting push)."""
-        with self._count_lock:
-            with self._lock:
-                count = self.acknowledged
-            if count <= self._count_written:
-                return
-            _write_synced(
-                self.directory / f"acks-{self.incarnation}.json", json.dumps({"acknowledged": count}).encode()
-            )
-            self._count_written = count
+    def _count_path(self, incarnation: str) -> Path:
+        return self.directory / f"acks-{incarnation}.json"
+
+    def _read_record(self, incarnation: str) -> CountRecord:
+        path = self._count_path(incarnation)
+        try:
+            return CountRecord.from_json(path.read_bytes())
+        except FileNotFoundError:
+            return CountRecord()
+        except (OSError, ValueError, KeyError, TypeError):
+            logger.warning("unreadable acknowledgement count %s", path)
+            return CountRecord()
+
+    def _entry_names(self) -> list[str]:
+        quarantined = list(self.quarantine_dir.iterdir()) if self.quarantine_dir.is_dir() else []
+        return [path.name for path in [*self._listing(), *quarantined]]
+
+    def _others(self) -> dict[str, tuple[CountRecord, list[int]]]:
+        """Every other incarnation: its count record and the sequence numbers of its entries on disk."""
+        entries = entries_by_incarnation(self._entry_names())
+        recorded = {m.group(1) for path in self._listing() if (m := _COUNTS.match(path.name))}
+        return {
+            incarnation: (self._read_record(incarnation), entries.get(incarnation, []))
+            for incarnation in (recorded | set(entries)) - {self.incarnation}
+        }
+
+    def _record_counts(self) -> None:
+        """Before entries are deleted: this incarnation's count record, and every dead one's folded."""
+        with self._lock:
+            own = CountRecord(self.acknowledged, self._written, frozenset(self._in_flight))
+        _write_synced(self._count_path(self.incarnation), own.to_json())
+        for incarnation, (record, sequences) in self._others().items():
+            uncovered = [seq for seq in sequences if not record.covers(seq)]
+            if uncovered:
+                folded = CountRecord(record.acknowledged + len(uncovered), max(record.handed_out, *uncovered))
+                _write_synced(self._count_path(incarnation), folded.to_json())
 
     def taken(self, *, epoch: int, keys: Iterable[str]) -> None:
         """Step ``epoch`` took the fragments ``keys`` (trained on or dropped): file them under it."""
@@ -228,6 +314,7 @@ class AckJournal:
 
     def checkpointed(self, epoch: int) -> int:
         """A checkpoint holds every epoch below ``epoch``: delete their fragments; how many went."""
+        self._record_counts()
         removed = 0
         for path in self._listing():
             match = _FRAGMENT.match(path.name)
@@ -239,11 +326,6 @@ class AckJournal:
     def acknowledged_by_incarnation(self) -> dict[str, int]:
         """What every incarnation of this run acknowledged (this one included)."""
         counts = {self.incarnation: self.acknowledged}
-        for path in self.directory.iterdir() if self.directory.is_dir() else ():
-            match = _COUNTS.match(path.name)
-            if match and match.group(1) != self.incarnation:
-                try:
-                    counts[match.group(1)] = int(json.loads(path.read_text())["acknowledged"])
-                except (OSError, ValueError, KeyError, TypeError):
-                    logger.warning("unreadable acknowledgement count %s", path)
+        for incarnation, (record, sequences) in self._others().items():
+            counts[incarnation] = record.acknowledged + sum(1 for seq in sequences if not record.covers(seq))
         return counts
