@@ -6,7 +6,8 @@ every fragment with ``policy_lag``, the versions its weights are behind the lear
 with the importance weights pi_current / mu_behaviour of its actions, clipped by
 ``train.vtraceRhoClip`` and ``train.vtraceCClip``, and lambda = ``algoCfg.gaeLambda`` (so on-policy,
 V-trace's targets are GAE's returns). The clipped surrogate still takes its ratio against the
-behaviour log-probs, as RLightning's ``ppo_vtrace`` does.
+behaviour log-probs, as RLightning's ``ppo_vtrace`` does (clipping against the learner's policy
+instead, the decoupled objective, measured worse: docs/performance.md, "Stale fragments").
 """
 
 from __future__ import annotations
