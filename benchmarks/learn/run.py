@@ -47,8 +47,14 @@ PUBLISHED: dict[str, tuple[float, float, str]] = {
 }
 
 
-def published(env_id: str) -> tuple[float, float, str] | None:
-    game = env_id.split("/")[-1].split("-")[0].replace("NoFrameskip", "")
+#: The policies the PPO figures compare with (not SAC: an off-policy learner's figures differ).
+PPO_POLICIES = frozenset({"PPO", "RSLRLPolicy"})
+
+
+def published(job: RLJob) -> tuple[float, float, str] | None:
+    if job.spec.policy.type not in PPO_POLICIES:
+        return None
+    game = job.spec.env.id.split("/")[-1].split("-")[0].replace("NoFrameskip", "")
     return PUBLISHED.get(game)
 
 
@@ -95,7 +101,7 @@ def report(job: RLJob, budget: int, curves: dict[str, list[Curve]]) -> str:
         rate = statistics.fmean(c.steps_per_second for c in runs)
         wall = statistics.fmean(c.wall_seconds for c in runs)
         lines.append(f"{side:>14}{mean:>13.1f} ± {std:<6.1f}{to_target:>28}{rate:>14,.0f}{wall:>10.1f}")
-    figure = published(job.spec.env.id)
+    figure = published(job)
     if figure is not None:
         lines.append(f"{'CleanRL':>14}{figure[0]:>13.1f} ± {figure[1]:<6.1f}  (published: {figure[2]})")
     if len(sides) >= 2 and target is not None:
@@ -129,7 +135,7 @@ def plot(job: RLJob, curves: dict[str, list[Curve]], path: Path) -> None:
             if points:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, color=colours.get(side), alpha=0.7, label=side if index == 0 else None)
-    figure = published(job.spec.env.id)
+    figure = published(job)
     if figure is not None:
         ax.axhline(figure[0], color="grey", linestyle="--", label=f"CleanRL published ({figure[0]:g})")
     if job.spec.train.target_return is not None:

@@ -226,3 +226,16 @@ def test_the_sb3_sac_peer_gets_the_same_schedule_and_hyperparameters() -> None:
     assert kwargs["learning_rate"] == spec.policy.optim_cfg["lr"]
     assert kwargs["ent_coef"] == "auto_1.0"
     assert kwargs["policy_kwargs"]["net_arch"] == [256, 256]
+
+
+def test_cleanrls_published_ppo_figure_is_shown_beside_ppo_jobs_only() -> None:
+    from benchmarks.learn.run import published
+
+    examples = ROOT / "examples"
+    assert published(load_job(examples / "halfcheetah.yaml")) == (
+        1442.6,
+        46.0,
+        "CleanRL ppo_continuous_action, 1M steps, v4",
+    )
+    assert published(load_job(examples / "halfcheetah-rsl.yaml")) is not None
+    assert published(load_job(examples / "halfcheetah-sac.yaml")) is None
