@@ -80,6 +80,14 @@ class CountRecord:
     def covers(self, sequence: int) -> bool:
         return sequence <= self.handed_out and sequence not in self.in_flight
 
+    def folded(self, sequences: Iterable[int]) -> CountRecord:
+        """A dead incarnation's record with its entries on disk (``sequences``) counted in: exact,
+        since it writes nothing more (what was in flight is on disk now, or was never acknowledged)."""
+        uncovered = [sequence for sequence in sequences if not self.covers(sequence)]
+        if not uncovered:
+            return self
+        return CountRecord(self.acknowledged + len(uncovered), max(self.handed_out, *uncovered))
+
     def to_json(self) -> bytes:
         in_flight = sorted(self.in_flight)
         record = {"acknowledged": self.acknowledged, "handedOut": self.handed_out, "inFlight": in_flight}
@@ -217,24 +225,23 @@ class AckJournal:
         quarantined = list(self.quarantine_dir.iterdir()) if self.quarantine_dir.is_dir() else []
         return [path.name for path in [*self._listing(), *quarantined]]
 
-    def _others(self) -> dict[str, tuple[CountRecord, list[int]]]:
-        """Every other incarnation: its count record and the sequence numbers of its entries on disk."""
+    def _others(self) -> dict[str, tuple[CountRecord, CountRecord]]:
+        """Every other incarnation: its count record as stored, and folded with its entries on disk."""
         entries = entries_by_incarnation(self._entry_names())
         recorded = {m.group(1) for path in self._listing() if (m := _COUNTS.match(path.name))}
-        return {
-            incarnation: (self._read_record(incarnation), entries.get(incarnation, []))
-            for incarnation in (recorded | set(entries)) - {self.incarnation}
-        }
+        others = {}
+        for incarnation in (recorded | set(entries)) - {self.incarnation}:
+            stored = self._read_record(incarnation)
+            others[incarnation] = (stored, stored.folded(entries.get(incarnation, [])))
+        return others
 
     def _record_counts(self) -> None:
         """Before entries are deleted: this incarnation's count record, and every dead one's folded."""
         with self._lock:
             own = CountRecord(self.acknowledged, self._written, frozenset(self._in_flight))
         _write_synced(self._count_path(self.incarnation), own.to_json())
-        for incarnation, (record, sequences) in self._others().items():
-            uncovered = [seq for seq in sequences if not record.covers(seq)]
-            if uncovered:
-                folded = CountRecord(record.acknowledged + len(uncovered), max(record.handed_out, *uncovered))
+        for incarnation, (stored, folded) in self._others().items():
+            if folded != stored:
                 _write_synced(self._count_path(incarnation), folded.to_json())
 
     def taken(self, *, epoch: int, keys: Iterable[str]) -> None:
@@ -326,6 +333,6 @@ class AckJournal:
     def acknowledged_by_incarnation(self) -> dict[str, int]:
         """What every incarnation of this run acknowledged (this one included)."""
         counts = {self.incarnation: self.acknowledged}
-        for incarnation, (record, sequences) in self._others().items():
-            counts[incarnation] = record.acknowledged + sum(1 for seq in sequences if not record.covers(seq))
+        for incarnation, (_, folded) in self._others().items():
+            counts[incarnation] = folded.acknowledged
         return counts
