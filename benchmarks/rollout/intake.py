@@ -229,7 +229,7 @@ def run_rank0(args: argparse.Namespace) -> int:
 def run_producer(args: argparse.Namespace) -> int:
     from rlkube._proto import policy_group_pb2 as pb
     from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
-    from rlkube.coordinator.wire import fragment_to_proto
+    from rlkube.coordinator.wire import encode_fragment
     from rlkube.engine.task_stream import TaskStream
 
     shape = SHAPES[args.shape]
@@ -251,9 +251,13 @@ def run_producer(args: argparse.Namespace) -> int:
                     break
                 if task.kind != pb.Task.COLLECT:
                     continue
-                # Encoded per push, as the worker does (the tensors' copy into the message).
-                message = fragment_to_proto(
-                    fragment, task_id=task.task_id, worker_id=reply.worker_id, epoch=task.epoch
+                # Encoded per push, as the worker does (the tensors' copy into the request).
+                message = encode_fragment(
+                    fragment,
+                    task_id=task.task_id,
+                    worker_id=reply.worker_id,
+                    epoch=task.epoch,
+                    lease_next=True,
                 )
                 stream.push(message)
         except CoordinatorError:

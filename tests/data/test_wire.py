@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from rlkube.data.wire import ALIGNMENT, Manifest, WireError, decode, encode
+from rlkube.data.wire import ALIGNMENT, Manifest, WireError, decode, encode, payload_pieces
 from tensordict import NonTensorData, TensorDict
 
 
@@ -92,3 +92,9 @@ def test_keys_with_a_slash_are_refused() -> None:
     td = TensorDict({"a/b": torch.zeros(2)}, batch_size=[2])
     with pytest.raises(WireError, match="may not contain"):
         encode(td)
+
+
+def test_payload_pieces_join_to_the_encoded_payload() -> None:
+    td = sample_td()
+    manifest, payload = encode(td)
+    assert b"".join(payload_pieces(td, manifest)) == bytes(payload)

@@ -18,6 +18,7 @@ import grpc
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.coordinator.wire import EncodedFragment
 from rlkube.security.credential import Credential, process_credential
 from rlkube.security.grpc_auth import open_channel
 from rlkube.weights.wire import CHANNEL_OPTIONS
@@ -32,6 +33,13 @@ RETRYABLE = frozenset(
 )
 #: Deadline of one ordinary call; long polls add their wait to it.
 CALL_TIMEOUT = 10.0
+
+#: What a push sends: a message, or one an eval worker serialized with one copy of its tensors.
+PushRequest = pb.Fragment | EncodedFragment
+
+
+def serialize_push(request: PushRequest) -> bytes:
+    return request.data if isinstance(request, EncodedFragment) else request.SerializeToString()
 
 
 class CoordinatorError(RuntimeError):
@@ -48,6 +56,12 @@ class PolicyGroupClient:
         self.credential = credential if credential is not None else process_credential()
         self._channel = open_channel(address, self.credential, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.PolicyGroupStub(self._channel)
+        self.stub.PushFragment = self._channel.unary_unary(  # sends an EncodedFragment as it is
+            "/rlkube.v1.PolicyGroup/PushFragment",
+            request_serializer=serialize_push,
+            response_deserializer=pb.PushAck.FromString,
+            _registered_method=True,
+        )
 
     def close(self) -> None:
         self._channel.close()
@@ -118,7 +132,7 @@ class PolicyGroupClient:
 
     def push(
         self,
-        fragment: pb.Fragment,
+        fragment: PushRequest,
         *,
         retry_for: float,
         should_stop: Callable[[], bool] | None = None,
@@ -127,7 +141,7 @@ class PolicyGroupClient:
         return self.call(
             "PushFragment",
             lambda t: self.stub.PushFragment(fragment, timeout=t),
-            timeout=CALL_TIMEOUT + fragment.ByteSize() / 50e6,
+            timeout=CALL_TIMEOUT + _size(fragment) / 50e6,
             retry_for=retry_for,
             should_stop=should_stop,
         )
@@ -149,3 +163,7 @@ class PolicyGroupClient:
         return self.call(
             "GetStatus", lambda t: self.stub.GetStatus(pb.GetStatusRequest(), timeout=t), timeout=timeout
         )
+
+
+def _size(request: PushRequest) -> int:
+    return len(request.data) if isinstance(request, EncodedFragment) else request.ByteSize()

@@ -22,6 +22,7 @@ import grpc
 from rlkube.coordinator.client import PolicyGroupClient
 from rlkube.coordinator.service import PolicyGroupServicer
 from rlkube.coordinator.state import Coordinator
+from rlkube.coordinator.wire import EncodedFragment
 
 R = TypeVar("R")
 
@@ -74,6 +75,8 @@ class InProcessStub:
 
     def _unary(self, method: Callable[[Any, Any], R]) -> Callable[..., R]:
         def call(request: Any, timeout: float | None = None, **_: Any) -> R:
+            if isinstance(request, EncodedFragment):  # as the server would parse it
+                request = request.message()
             return method(request, InProcessContext(self.metadata))
 
         return call

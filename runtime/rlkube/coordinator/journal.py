@@ -34,8 +34,9 @@ record (the others are dead: one rank 0 runs at a time), so no deleted entry goe
 coordinator's lock: each writes and syncs its own entry and nothing else, so pushes arriving
 together share the file system's journal commit (ext4 merges concurrent ``fsync`` calls into one)
 instead of queueing behind one lock for syncs of their own, which capped a job at
-~1 / (2 x fsync) fragments per second. One sync per acknowledged fragment. The entry is the
-received message's batch as it came (no second encoding of the tensors).
+~1 / (2 x fsync) fragments per second. One sync per acknowledged fragment. The entry is written
+from the received bytes that the decoded tensors view (``wire.fragment_pieces``, one ``writev``):
+no copy of the tensors on rank 0 beyond the one gRPC's parse makes.
 
 Each entry names the worker that pushed it (its public name) and the task's public part. An
 entry the coordinator will not train on when it takes it back (``Coordinator._take_back``) is
@@ -51,12 +52,12 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlkube._proto import policy_group_pb2 as pb
-from rlkube.coordinator.wire import fragment_from_proto, fragment_to_proto
+from rlkube.coordinator.wire import fragment_from_proto, fragment_pieces
 from rlkube.data.fragment import Fragment
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ _FRAGMENT = re.compile(r"^e(\d{6,})-([0-9a-zA-Z]+)-(\d{6,})\.frag$")
 _QUEUED = re.compile(r"^q-([0-9a-zA-Z]+)-(\d{6,})\.frag$")  # acknowledged in a stream, no step yet
 _COUNTS = re.compile(r"^acks-([0-9a-zA-Z]+)\.json$")
 _STEM = re.compile(r"^(?:e\d{6,}|q)-([0-9a-zA-Z]+)-(\d{6,})\.frag$")  # any entry: (incarnation, sequence)
+_IOV_MAX = 1024  # buffers per writev (Linux's limit)
 
 
 @dataclass(frozen=True)
@@ -112,13 +114,27 @@ def entries_by_incarnation(names: Iterable[str]) -> dict[str, list[int]]:
     return found
 
 
-def _write_synced(path: Path, data: bytes) -> None:
+def _write_synced(path: Path, data: bytes | Sequence[bytes | memoryview]) -> None:
+    """Write ``data`` (one buffer, or several in order) to ``path`` durably: a synced temp file, renamed."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        _write_all(fd, [data] if isinstance(data, bytes) else data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+
+
+def _write_all(fd: int, buffers: Sequence[bytes | memoryview]) -> None:
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        written = os.writev(fd, views[:_IOV_MAX])
+        while written:  # drop what was written; a short write leaves the rest of a buffer
+            if written >= views[0].nbytes:
+                written -= views.pop(0).nbytes
+            else:
+                views[0], written = views[0][written:], 0
 
 
 class AckJournal:
@@ -155,21 +171,19 @@ class AckJournal:
         fragment: Fragment,
         key: str = "",
         worker: str = "",
-        received: pb.Fragment | None = None,
     ) -> None:
         """Make ``fragment`` (acknowledged in ``epoch``; None: in a stream, no step yet) durable.
 
         Call before acknowledging it; safe to call from several threads at once. ``key``: the
         buffer's id of the fragment (its task id), for :meth:`taken`; its public part is kept with
-        ``worker`` (a public name) for quarantine notes. ``received``: the message ``fragment`` was
-        decoded from, whose batch is written as it is instead of encoding the tensors again.
+        ``worker`` (a public name) for quarantine notes.
         """
         with self._lock:
             self._written += 1
             written = self._written
             self._in_flight.add(written)
         try:
-            name, stem = self._write_entry(epoch, fragment, key, worker, received, written)
+            name, stem = self._write_entry(epoch, fragment, key, worker, written)
         except BaseException:
             with self._lock:
                 self._in_flight.discard(written)
@@ -181,31 +195,15 @@ class AckJournal:
             self._in_flight.discard(written)
 
     def _write_entry(
-        self,
-        epoch: int | None,
-        fragment: Fragment,
-        key: str,
-        worker: str,
-        received: pb.Fragment | None,
-        written: int,
+        self, epoch: int | None, fragment: Fragment, key: str, worker: str, written: int
     ) -> tuple[str, str]:
         """Write and sync entry number ``written``: (its file name, its stem)."""
         task = key.rsplit(".", 1)[0] if key else f"journal-{written}"
-        if received is not None:  # the identity fields are rewritten: the worker id is the worker's secret
-            message = pb.Fragment(
-                task_id=task,
-                worker_id=worker,
-                weight_version=received.weight_version,
-                epoch=epoch or 0,
-                batch=received.batch,
-                episodes=received.episodes,
-                env_steps=fragment.env_steps,
-            )
-        else:
-            message = fragment_to_proto(fragment, task_id=task, worker_id=worker, epoch=epoch or 0)
+        # The identity fields are the coordinator's: the pusher's worker id is its secret.
+        pieces = fragment_pieces(fragment, task_id=task, worker_id=worker, epoch=epoch or 0)
         stem = f"{self.incarnation}-{written:06d}.frag"
         name = f"q-{stem}" if epoch is None else f"e{epoch:06d}-{stem}"
-        _write_synced(self.directory / name, message.SerializeToString())
+        _write_synced(self.directory / name, pieces)
         return name, stem
 
     def _count_path(self, incarnation: str) -> Path:

@@ -184,7 +184,6 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
             episode_lengths=tuple(request.episodes.lengths),
             rollout_seconds=request.rollout_seconds,
             weight_wait_seconds=request.weight_wait_seconds,
-            received=request if fragment is not None else None,
             lease_next=request.lease_next,
         )
         return pb.PushAck(

@@ -291,7 +291,6 @@ class Coordinator:
         episode_lengths: tuple[int, ...] = (),
         rollout_seconds: float = 0.0,
         weight_wait_seconds: float = 0.0,
-        received: Any = None,
         lease_next: bool = False,
     ) -> PushOutcome:
         """Accept the first push of a task from its lease holder; later pushes of it are duplicates.
@@ -303,8 +302,7 @@ class Coordinator:
 
         A fragment is journalled outside the lock (other pushes, leases and the engine go on
         meanwhile; see ``coordinator.journal``) and acknowledged once it is durable; a retry of it
-        that arrives meanwhile waits for that. ``received``: the wire message ``fragment`` came in
-        (the journal writes its batch as it is). ``lease_next``: the outcome also carries the
+        that arrives meanwhile waits for that. ``lease_next``: the outcome also carries the
         worker's next task (:attr:`PushOutcome.next`), saving it a LeaseTask round trip.
         """
         check_name("task_id", task_id, required=True)
@@ -355,7 +353,7 @@ class Coordinator:
                 self._committing.add(task_id)
         if journal is not None:  # durable before it is acknowledged; outside the lock
             try:
-                journal.record(epoch=epoch, fragment=fragment, key=task_id, worker=name, received=received)
+                journal.record(epoch=epoch, fragment=fragment, key=task_id, worker=name)
             except OSError as exc:
                 with self._cond:
                     self._committing.discard(task_id)

@@ -1,30 +1,133 @@
 """Fragments and TensorDicts <-> protobuf messages (the trajectory plane's wire format).
 
 Pure: no I/O. Tensors travel as ``rlkube.data.wire``'s manifest plus raw bytes (never pickle).
-Copies, counted: the sender encodes each leaf once into one payload (``data.wire.encode``) and
-protobuf copies it into the message; the receiver's tensors view the received bytes
-(``data.wire.decode``) until the epoch's fragments are stacked for training.
+Copies, counted: an eval worker's push (:func:`encode_fragment`) copies each leaf once, straight
+into the serialized request; the receiver's tensors view the received bytes (``data.wire.decode``)
+until the epoch's fragments are stacked for training, and the journal writes them from there
+(:func:`fragment_pieces`: no copy). Messages built field by field (:func:`fragment_to_proto`)
+cost protobuf's copies on top (three of the payload's size, or more).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tensordict import TensorDict
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.data.fragment import Fragment
-from rlkube.data.wire import Manifest, TensorMeta, decode, encode
+from rlkube.data.wire import Manifest, TensorMeta, decode, encode, payload_pieces, plan
+
+_LENGTH_DELIMITED = 2
+_BATCH_FIELD = pb.Fragment.DESCRIPTOR.fields_by_name["batch"].number
+_PAYLOAD_FIELD = pb.TensorBatch.DESCRIPTOR.fields_by_name["payload"].number
 
 
-def batch_to_proto(td: TensorDict) -> pb.TensorBatch:
-    manifest, payload = encode(td)
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def _field_header(number: int, wire_type: int, length: int | None = None) -> bytes:
+    tag = _varint(number << 3 | wire_type)
+    return tag if length is None else tag + _varint(length)
+
+
+@dataclass(frozen=True)
+class EncodedFragment:
+    """A PushFragment request already serialized (:func:`fragment_pieces`, joined), with the
+    fields its sender reads; ``data`` parses as a ``pb.Fragment`` (:meth:`message`)."""
+
+    task_id: str
+    worker_id: str
+    lease_next: bool
+    data: bytes
+
+    def message(self) -> pb.Fragment:
+        return pb.Fragment.FromString(self.data)
+
+
+def encode_fragment(
+    fragment: Fragment,
+    *,
+    task_id: str,
+    worker_id: str,
+    epoch: int,
+    rollout_seconds: float = 0.0,
+    weight_wait_seconds: float = 0.0,
+    lease_next: bool = False,
+) -> EncodedFragment:
+    """:func:`fragment_to_proto`, serialized, with one copy of each leaf (the join)."""
+    pieces = fragment_pieces(
+        fragment,
+        task_id=task_id,
+        worker_id=worker_id,
+        epoch=epoch,
+        rollout_seconds=rollout_seconds,
+        weight_wait_seconds=weight_wait_seconds,
+        lease_next=lease_next,
+    )
+    return EncodedFragment(task_id, worker_id, lease_next, b"".join(pieces))
+
+
+def fragment_pieces(
+    fragment: Fragment,
+    *,
+    task_id: str,
+    worker_id: str,
+    epoch: int,
+    rollout_seconds: float = 0.0,
+    weight_wait_seconds: float = 0.0,
+    lease_next: bool = False,
+) -> list[bytes | memoryview]:
+    """:func:`fragment_to_proto` serialized, as buffers in order: the tensors are viewed, not copied.
+
+    A header (every field; the batch's manifest without its payload), then the batch's payload
+    field: concatenated serialized messages parse as one merged message (protobuf's rule; an
+    embedded message's fields merge), so the tensors never pass through a message.
+    """
+    manifest = plan(fragment.data)
+    header = _fragment_message(
+        fragment,
+        _manifest_to_proto(manifest),
+        task_id=task_id,
+        worker_id=worker_id,
+        epoch=epoch,
+        rollout_seconds=rollout_seconds,
+        weight_wait_seconds=weight_wait_seconds,
+        lease_next=lease_next,
+    ).SerializeToString()
+    pieces: list[bytes | memoryview] = [header]
+    if manifest.total_bytes:
+        payload = _field_header(_PAYLOAD_FIELD, _LENGTH_DELIMITED, manifest.total_bytes)
+        pieces += [
+            _field_header(_BATCH_FIELD, _LENGTH_DELIMITED, len(payload) + manifest.total_bytes),
+            payload,
+            *payload_pieces(fragment.data, manifest),
+        ]
+    return pieces
+
+
+def _manifest_to_proto(manifest: Manifest) -> pb.TensorBatch:
     return pb.TensorBatch(
         batch_size=list(manifest.batch_size),
         tensors=[
             pb.TensorMeta(key=m.key, dtype=m.dtype, shape=list(m.shape), offset=m.offset, nbytes=m.nbytes)
             for m in manifest.tensors
         ],
-        payload=bytes(payload),
     )
+
+
+def batch_to_proto(td: TensorDict) -> pb.TensorBatch:
+    manifest, payload = encode(td)
+    message = _manifest_to_proto(manifest)
+    message.payload = bytes(payload)
+    return message
 
 
 def batch_from_proto(message: pb.TensorBatch) -> TensorDict:
@@ -47,18 +150,41 @@ def fragment_to_proto(
     rollout_seconds: float = 0.0,
     weight_wait_seconds: float = 0.0,
 ) -> pb.Fragment:
+    return _fragment_message(
+        fragment,
+        batch_to_proto(fragment.data),
+        task_id=task_id,
+        worker_id=worker_id,
+        epoch=epoch,
+        rollout_seconds=rollout_seconds,
+        weight_wait_seconds=weight_wait_seconds,
+    )
+
+
+def _fragment_message(
+    fragment: Fragment,
+    batch: pb.TensorBatch,
+    *,
+    task_id: str,
+    worker_id: str,
+    epoch: int,
+    rollout_seconds: float,
+    weight_wait_seconds: float,
+    lease_next: bool = False,
+) -> pb.Fragment:
     return pb.Fragment(
         task_id=task_id,
         worker_id=worker_id,
         weight_version=fragment.weight_version,
         epoch=epoch,
-        batch=batch_to_proto(fragment.data),
+        batch=batch,
         episodes=pb.EpisodeStats(
             returns=list(fragment.episode_returns), lengths=list(fragment.episode_lengths)
         ),
         env_steps=fragment.env_steps,
         rollout_seconds=rollout_seconds,
         weight_wait_seconds=weight_wait_seconds,
+        lease_next=lease_next,
     )
 
 

@@ -165,6 +165,28 @@ def encode(td: TensorDictBase) -> tuple[Manifest, bytearray]:
     return manifest, payload
 
 
+def payload_pieces(td: TensorDictBase, manifest: Manifest) -> list[memoryview | bytes]:
+    """The payload :func:`encode` would build, as buffers in order (leaves and alignment padding).
+
+    Nothing is copied: the pieces view ``td``'s tensors (moved to the CPU and made contiguous
+    where they were not), so whoever joins them makes the one copy. ``manifest``: :func:`plan`'s.
+    """
+    pieces: list[memoryview | bytes] = []
+    written = 0
+    for meta in manifest.tensors:
+        if not meta.nbytes:
+            continue
+        if meta.offset > written:
+            pieces.append(bytes(meta.offset - written))
+        tensor = td.get(tuple(meta.key.split(KEY_SEPARATOR)))
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        pieces.append(memoryview(flat.numpy()))
+        written = meta.offset + meta.nbytes
+    if manifest.total_bytes > written:  # an empty leaf's alignment at the end
+        pieces.append(bytes(manifest.total_bytes - written))
+    return pieces
+
+
 def validate_manifest(manifest: Manifest, payload_size: int) -> None:
     """Refuse a manifest from the wire that cannot describe ``payload_size`` bytes; WireError names why.
 

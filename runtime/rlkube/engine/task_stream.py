@@ -26,7 +26,8 @@ from collections import deque
 from collections.abc import Callable
 
 from rlkube._proto import policy_group_pb2 as pb
-from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient
+from rlkube.coordinator.client import CoordinatorError, PolicyGroupClient, PushRequest
+from rlkube.coordinator.wire import EncodedFragment
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ DRAIN_PUSH_SECONDS = 5.0
 PUSH_CREDITS = 2
 
 #: Called with each push's message and its answer (None: it could not be delivered).
-OnAnswer = Callable[[pb.Fragment, pb.PushAck | None], None]
+OnAnswer = Callable[[PushRequest, pb.PushAck | None], None]
 
 
 class TaskStream:
@@ -63,7 +64,7 @@ class TaskStream:
         self._tasks: deque[pb.Task] = deque()  # brought by push answers, not started yet
         self._lock = threading.Condition()
         self.credits = max(1, credits)
-        self._queued: deque[pb.Fragment] = deque()  # handed over, no sender has taken it yet
+        self._queued: deque[PushRequest] = deque()  # handed over, no sender has taken it yet
         self._in_flight = 0  # handed over and not answered yet
         self._closed = False
         self._senders = [
@@ -87,9 +88,16 @@ class TaskStream:
             worker_id = self.worker_id
         return self.client.lease(worker_id, wait_seconds=wait_seconds)
 
-    def push(self, message: pb.Fragment) -> None:
-        """Send ``message`` (asking for the next task) once fewer than ``credits`` pushes are in flight."""
-        message.lease_next = True
+    def push(self, message: PushRequest) -> None:
+        """Send ``message`` (asking for the next task) once fewer than ``credits`` pushes are in flight.
+
+        An :class:`EncodedFragment` must have been encoded with ``lease_next=True`` (it is sealed).
+        """
+        if isinstance(message, EncodedFragment):
+            if not message.lease_next:
+                raise ValueError(f"{message.task_id}: encode the push with lease_next=True")
+        else:
+            message.lease_next = True
         with self._lock:
             while self._in_flight >= self.credits and not self._closed:
                 self._lock.wait()
@@ -130,7 +138,7 @@ class TaskStream:
             if self.on_answer is not None:
                 self.on_answer(message, ack)
 
-    def _send(self, message: pb.Fragment) -> pb.PushAck | None:
+    def _send(self, message: PushRequest) -> pb.PushAck | None:
         started = time.monotonic()
 
         def draining_too_long() -> bool:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.contract import PodEnv
-from rlkube.coordinator.client import RETRYABLE, CoordinatorError, PolicyGroupClient
-from rlkube.coordinator.wire import episodes_only, fragment_to_proto
+from rlkube.coordinator.client import RETRYABLE, CoordinatorError, PolicyGroupClient, PushRequest
+from rlkube.coordinator.wire import encode_fragment, episodes_only
 from rlkube.engine.pod_metrics import bind_eval_figures
 from rlkube.engine.rollout import RolloutWorker
 from rlkube.engine.task_stream import TaskStream
@@ -331,13 +331,14 @@ class EvalWorker:
         started = time.perf_counter()
         fragment = rollout.collect(task.steps)
         seconds = time.perf_counter() - started
-        message = fragment_to_proto(
+        message = encode_fragment(  # the tensors are copied once, straight into the request
             fragment,
             task_id=task.task_id,
             worker_id=self.worker_id,
             epoch=task.epoch,
             rollout_seconds=seconds,
             weight_wait_seconds=waited,
+            lease_next=True,
         )
         self._push(message)
         self.stats.fragments += 1
@@ -366,10 +367,10 @@ class EvalWorker:
         )
         self.stats.evaluations += 1
 
-    def _push(self, message: pb.Fragment) -> None:
+    def _push(self, message: PushRequest) -> None:
         self.tasks.push(message)  # sent while the next task runs; answered in _answered
 
-    def _answered(self, message: pb.Fragment, ack: pb.PushAck | None) -> None:
+    def _answered(self, message: PushRequest, ack: pb.PushAck | None) -> None:
         if ack is not None and not ack.accepted:
             self.stats.rejected.append(message.task_id)
             logger.info("%s not accepted: %s", message.task_id, ack.reason)
