@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,18 +146,20 @@ def _hold_gil(seconds: float) -> None:
 
 # ---------------------------------------------------------------------------------------- rank 0
 def slow_syncs(seconds: float) -> None:
-    """Make every ``os.fsync`` in this process take at least ``seconds``, as on a network block
-    volume; the wait releases the GIL, as a real sync does."""
-    real_fsync = os.fsync
+    """Make every ``os.fsync`` and ``os.fdatasync`` in this process take at least ``seconds``, as
+    on a network block volume; the wait releases the GIL, as a real sync does."""
 
-    def fsync(fd: int) -> None:
-        start = time.perf_counter()
-        real_fsync(fd)
-        left = seconds - (time.perf_counter() - start)
-        if left > 0:
-            time.sleep(left)
+    def slowed(real: Callable[[int], None]) -> Callable[[int], None]:
+        def sync(fd: int) -> None:
+            start = time.perf_counter()
+            real(fd)
+            left = seconds - (time.perf_counter() - start)
+            if left > 0:
+                time.sleep(left)
 
-    os.fsync = fsync
+        return sync
+
+    os.fsync, os.fdatasync = slowed(os.fsync), slowed(os.fdatasync)
 
 
 def run_rank0(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rlkube.coordinator import journal as journal_module
+from rlkube.coordinator import journal_log
 from rlkube.coordinator.journal import AckJournal
 from rlkube.coordinator.state import STOP, Coordinator, PushOutcome
 from rlkube.coordinator.tasks import TaskSpec
@@ -168,13 +168,15 @@ def test_concurrent_journal_writes_each_land_once_and_the_count_covers_them(tmp_
 
 
 def test_acknowledging_a_fragment_costs_one_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    syncs: list[int] = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd))[1])
+    syncs: list[str] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append("fdatasync"), real_fdatasync(fd))[1])
     journal = AckJournal(tmp_path, incarnation="inc").open()
     for i in range(5):
         journal.record(epoch=0, fragment=pushed_fragment(float(i)), key=f"e0-f{i}.x")
-    assert len(syncs) == 5  # the entries; no count file on the acknowledgement path
+    # the entries, and the new segment's name once; no count file on the acknowledgement path
+    assert syncs == ["fsync"] + ["fdatasync"] * 5
     assert journal.acknowledged_by_incarnation() == {"inc": 5}
 
 
@@ -184,16 +186,16 @@ def test_a_dead_incarnation_is_counted_exactly_after_checkpoints_deleted_its_ent
     for epoch in (0, 0, 1):
         first.record(epoch=epoch, fragment=pushed_fragment(float(epoch)))
     entered, release = threading.Event(), threading.Event()
-    real_write = journal_module._write_synced
+    real_sync = journal_log.sync
 
-    def slow_entry(path: Path, data: bytes) -> None:
-        if path.name.endswith("-000004.frag"):
+    def slow_sync(fd: int) -> None:  # the fourth entry's: written, not yet durable
+        if not entered.is_set():
             entered.set()
             assert release.wait(DEADLINE)
-        real_write(path, data)
+        real_sync(fd)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(journal_module, "_write_synced", slow_entry)
+        patch.setattr(journal_log, "sync", slow_sync)
         writer = threading.Thread(target=lambda: first.record(epoch=1, fragment=pushed_fragment(9.0)))
         writer.start()
         assert entered.wait(DEADLINE)

@@ -66,7 +66,8 @@ def test_a_journalled_fragment_outside_the_spaces_is_quarantined_and_its_task_co
     assert note["task"] == pushed[0].rsplit(".", 1)[0]
     assert "action holds 1 values outside Discrete(2)" in note["reason"]
     assert (tmp_path / "quarantine" / note["journal_entry"]).is_file()  # the bytes, for inspection
-    assert len(list(new.journal.directory.glob("e*.frag"))) == 1  # dropped from the journal
+    assert new.journal.held() == {1: 1}  # dropped from the journal
+    assert AckJournal(new.journal.directory, incarnation="third").open().held() == {1: 1}  # for good
     summary = new.refusal_summary()
     assert (summary["fragments_quarantined"], summary["fragments_refused"]) == (1, 0)
     assert summary["refusals"][0]["quarantined"]

@@ -559,6 +559,12 @@ class Coordinator:
             )
             self._cond.notify_all()
 
+    def durable(self) -> None:
+        """What the journal has written is on disk: call before saving a checkpoint (see
+        ``AckJournal.taken``)."""
+        if self.journal is not None:
+            self.journal.durable()
+
     def checkpointed(self, *, epoch: int) -> None:
         """A checkpoint now holds ``epoch`` trained epochs: their journalled fragments can go."""
         if self.journal is not None:
@@ -611,12 +617,13 @@ class Coordinator:
         if not self.buffer.wait_ready(timeout=timeout):
             return None
         batch = self.buffer.take_epoch()
-        with self._cond:
-            if self.journal is not None:
-                try:
-                    self.journal.taken(epoch=self.board.epoch if step is None else step, keys=batch.task_ids)
-                except OSError as exc:
+        if self.journal is not None:  # outside the lock, as a push's entry
+            try:
+                self.journal.taken(epoch=self.board.epoch if step is None else step, keys=batch.task_ids)
+            except OSError as exc:
+                with self._cond:
                     self.journal_error = exc
+        with self._cond:
             self.board.consumed(len(batch.fragments))
             self._refill()
             self._cond.notify_all()

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.data.fragment import Fragment
-from rlkube.data.wire import Manifest, TensorMeta, decode, encode, payload_pieces, plan
+from rlkube.data.wire import Manifest, Received, TensorMeta, decode, encode, payload_pieces, plan
 
 _LENGTH_DELIMITED = 2
 _BATCH_FIELD = pb.Fragment.DESCRIPTOR.fields_by_name["batch"].number
@@ -89,9 +89,13 @@ def fragment_pieces(
 
     A header (every field; the batch's manifest without its payload), then the batch's payload
     field: concatenated serialized messages parse as one merged message (protobuf's rule; an
-    embedded message's fields merge), so the tensors never pass through a message.
+    embedded message's fields merge), so the tensors never pass through a message. A fragment that
+    came over the wire is written from the bytes its tensors view (nothing encoded anew).
     """
-    manifest = plan(fragment.data)
+    received = (
+        fragment.received if fragment.received is not None and fragment.received.of(fragment.data) else None
+    )
+    manifest = received.manifest if received is not None else plan(fragment.data)
     header = _fragment_message(
         fragment,
         _manifest_to_proto(manifest),
@@ -108,7 +112,11 @@ def fragment_pieces(
         pieces += [
             _field_header(_BATCH_FIELD, _LENGTH_DELIMITED, len(payload) + manifest.total_bytes),
             payload,
-            *payload_pieces(fragment.data, manifest),
+            *(
+                [memoryview(received.payload)[: manifest.total_bytes]]
+                if received is not None
+                else payload_pieces(fragment.data, manifest)
+            ),
         ]
     return pieces
 
@@ -132,13 +140,19 @@ def batch_to_proto(td: TensorDict) -> pb.TensorBatch:
 
 def batch_from_proto(message: pb.TensorBatch) -> TensorDict:
     """Decode a TensorBatch; a malformed manifest raises ``data.wire.WireError`` naming the key."""
+    return received_batch(message).data  # type: ignore[return-value]
+
+
+def received_batch(message: pb.TensorBatch) -> Received:
+    """:func:`batch_from_proto`, with the manifest and payload its tensors view."""
     metas = tuple(
         TensorMeta(key=m.key, dtype=m.dtype, shape=tuple(m.shape), offset=m.offset, nbytes=m.nbytes)
         for m in message.tensors
     )
     total = max((m.offset + m.nbytes for m in metas), default=0)
     manifest = Manifest(batch_size=tuple(message.batch_size), tensors=metas, total_bytes=total)
-    return decode(manifest, message.payload)
+    payload = message.payload
+    return Received(manifest, payload, decode(manifest, payload))
 
 
 def fragment_to_proto(
@@ -190,7 +204,8 @@ def _fragment_message(
 
 def fragment_from_proto(message: pb.Fragment, *, replica: int = 0) -> Fragment:
     """Rebuild a Fragment; raises ValueError (naming what is wrong) for a malformed message."""
-    data = batch_from_proto(message.batch)
+    received = received_batch(message.batch)
+    data = received.data
     if len(message.episodes.returns) != len(message.episodes.lengths):
         raise ValueError(
             f"fragment {message.task_id}: {len(message.episodes.returns)} episode returns but "
@@ -202,6 +217,7 @@ def fragment_from_proto(message: pb.Fragment, *, replica: int = 0) -> Fragment:
         episode_lengths=tuple(message.episodes.lengths),
         weight_version=message.weight_version,
         replica=replica,
+        received=received,
     )
     if message.env_steps and message.env_steps != fragment.env_steps:
         raise ValueError(

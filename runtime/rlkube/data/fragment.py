@@ -26,6 +26,8 @@ from typing import cast
 import torch
 from tensordict import TensorDict
 
+from rlkube.data.wire import Received
+
 OBSERVATION = "observation"
 NEXT_OBSERVATION = "next_observation"
 REWARD = "reward"
@@ -44,6 +46,8 @@ class Fragment:
     weight_version: int = 0
     replica: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    #: The bytes ``data`` was decoded from, when it came over the wire (``data.wire.Received``).
+    received: Received | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.data.batch_size) != 2:

@@ -115,6 +115,21 @@ class Manifest:
         )
 
 
+@dataclass(frozen=True)
+class Received:
+    """The wire form a TensorDict was decoded from: its tensors view ``payload``. Whoever must write
+    ``data`` out again (rank 0's journal) writes these bytes instead of encoding it anew; valid only
+    for that very TensorDict (:meth:`of`)."""
+
+    manifest: Manifest
+    payload: bytes | bytearray | memoryview
+    data: TensorDictBase
+
+    def of(self, data: TensorDictBase) -> bool:
+        """Whether this is ``data``'s wire form (the same object, not a copy or a replacement)."""
+        return data is self.data
+
+
 def _align(offset: int) -> int:
     return -(-offset // ALIGNMENT) * ALIGNMENT
 

@@ -404,6 +404,7 @@ class RankZeroEngine:
             "dropped_by_incarnation": self.dropped_counts(),
         }
         progress = replace(progress, extra={**progress.extra, **counts})
+        self.coordinator.durable()  # the steps the checkpoint holds are on file in the journal
         path = self.store.save(self.ctx.policy, progress)
         self.coordinator.checkpointed(epoch=progress.epoch)  # journalled fragments it holds can go
         return path
