@@ -25,7 +25,7 @@ from rlkube._proto import policy_group_pb2_grpc as pb_grpc
 from rlkube.coordinator.edge import MAX_REQUEST_BYTES, Refusal, Refused, check_name
 from rlkube.coordinator.state import STOP, Coordinator, NotRegistered, ShardGone
 from rlkube.coordinator.tasks import TaskKind, TaskSpec
-from rlkube.coordinator.wire import batch_to_proto, fragment_from_proto
+from rlkube.coordinator.wire import ReceivedPush, batch_to_proto, fragment_from_proto, read_push
 from rlkube.data.wire import WireError
 from rlkube.security.credential import Credential, process_credential
 from rlkube.security.grpc_auth import listen, make_server
@@ -169,13 +169,14 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
 
         return answer(context, lease)
 
-    def PushFragment(self, request: pb.Fragment, context: grpc.ServicerContext) -> pb.PushAck:
+    def PushFragment(self, request: pb.Fragment | ReceivedPush, context: grpc.ServicerContext) -> pb.PushAck:
         return answer(context, lambda: self._push(request))
 
-    def _push(self, request: pb.Fragment) -> pb.PushAck:
+    def _push(self, pushed: pb.Fragment | ReceivedPush) -> pb.PushAck:
+        request = pushed.message if isinstance(pushed, ReceivedPush) else pushed
         check_name("task_id", request.task_id, required=True)
         check_name("worker_id", request.worker_id, required=True)
-        fragment = fragment_from_proto(request) if request.batch.tensors else None
+        fragment = fragment_from_proto(pushed) if request.batch.tensors else None
         outcome = self.coordinator.push(
             task_id=request.task_id,
             worker_id=request.worker_id,
@@ -212,6 +213,38 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         return job_status(self.coordinator)
+
+
+SERVICE = "rlkube.v1.PolicyGroup"
+
+
+class _Registration:
+    """What the generated ``add_PolicyGroupServicer_to_server`` registers, caught to be amended."""
+
+    def __init__(self) -> None:
+        self.methods: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        pass  # the same handlers as the registered ones, rebuilt below from the amended set
+
+    def add_registered_method_handlers(self, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
+        assert service == SERVICE, service
+        self.methods.update(methods)
+
+
+def add_policy_group(servicer: PolicyGroupServicer, server: grpc.Server) -> None:
+    """The generated registration, with PushFragment read by ``wire.read_push`` (a large push's
+    payload stays in the received bytes)."""
+    caught = _Registration()
+    pb_grpc.add_PolicyGroupServicer_to_server(servicer, caught)
+    methods = dict(caught.methods)
+    methods["PushFragment"] = grpc.unary_unary_rpc_method_handler(
+        servicer.PushFragment,
+        request_deserializer=read_push,
+        response_serializer=pb.PushAck.SerializeToString,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
+    server.add_registered_method_handlers(SERVICE, methods)
 
 
 def _time_left(context: grpc.ServicerContext) -> float:
@@ -309,7 +342,7 @@ class CoordinatorServer:
             ),
             thread_name_prefix="policy-group",
         )
-        pb_grpc.add_PolicyGroupServicer_to_server(PolicyGroupServicer(self.coordinator), server)
+        add_policy_group(PolicyGroupServicer(self.coordinator), server)
         if self.extra_handlers:
             server.add_generic_rpc_handlers(self.extra_handlers)
         try:

@@ -38,6 +38,91 @@ def _field_header(number: int, wire_type: int, length: int | None = None) -> byt
     return tag if length is None else tag + _varint(length)
 
 
+#: Pushes at least this large are read by :func:`read_push` without protobuf copying the payload.
+LARGE_PUSH_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReceivedPush:
+    """A PushFragment request as rank 0 read it: the message without its batch's payload, and the
+    payload as a view of the received bytes (protobuf's parse would copy it twice)."""
+
+    message: pb.Fragment
+    payload: memoryview
+
+
+def read_push(data: bytes, *, large: int = LARGE_PUSH_BYTES) -> pb.Fragment | ReceivedPush:
+    """A PushFragment request from the wire; one of ``large`` bytes or more keeps its payload in
+    ``data`` (:class:`ReceivedPush`). Means exactly what ``pb.Fragment.FromString(data)`` means
+    (concatenated messages merge; the last payload wins), and raises as it does: anything the
+    scan below does not take plainly (a group, a malformed varint) is left to protobuf."""
+    split = _split_payload(data) if len(data) >= large else None
+    if split is None:
+        return pb.Fragment.FromString(data)
+    header, payload = split
+    return ReceivedPush(pb.Fragment.FromString(header), payload)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while shift < 64 and pos < len(data):
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("malformed varint")
+
+
+def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int, int]]:
+    """The fields in ``data[start:end]``: (number, wire type, field start, value start, field end)."""
+    found, pos = [], start
+    while pos < end:
+        tag, value_at = _read_varint(data, pos)
+        number, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            _, field_end = _read_varint(data, value_at)
+        elif wire_type == 1:
+            field_end = value_at + 8
+        elif wire_type == 5:
+            field_end = value_at + 4
+        elif wire_type == _LENGTH_DELIMITED:
+            length, value_at = _read_varint(data, value_at)
+            field_end = value_at + length
+        else:
+            raise ValueError(f"wire type {wire_type}")
+        if number == 0 or field_end > end:
+            raise ValueError("field past the end")
+        found.append((number, wire_type, pos, value_at, field_end))
+        pos = field_end
+    return found
+
+
+def _split_payload(data: bytes) -> tuple[bytes, memoryview] | None:
+    """(``data`` without the batch payloads, the last payload), or None for protobuf to parse."""
+    try:
+        header: list[bytes] = []
+        payload: tuple[int, int] | None = None
+        for number, wire_type, start, value_at, end in _fields(data, 0, len(data)):
+            if number != _BATCH_FIELD or wire_type != _LENGTH_DELIMITED:
+                header.append(data[start:end])
+                continue
+            batch: list[bytes] = []
+            for sub, sub_type, sub_start, sub_value, sub_end in _fields(data, value_at, end):
+                if sub == _PAYLOAD_FIELD and sub_type == _LENGTH_DELIMITED:
+                    payload = (sub_value, sub_end)
+                else:
+                    batch.append(data[sub_start:sub_end])
+            body = b"".join(batch)
+            header.append(_field_header(_BATCH_FIELD, _LENGTH_DELIMITED, len(body)) + body)
+    except (ValueError, IndexError):
+        return None
+    if payload is None:
+        return None
+    return b"".join(header), memoryview(data)[payload[0] : payload[1]]
+
+
 @dataclass(frozen=True)
 class EncodedFragment:
     """A PushFragment request already serialized (:func:`fragment_pieces`, joined), with the
@@ -143,16 +228,17 @@ def batch_from_proto(message: pb.TensorBatch) -> TensorDict:
     return received_batch(message).data  # type: ignore[return-value]
 
 
-def received_batch(message: pb.TensorBatch) -> Received:
-    """:func:`batch_from_proto`, with the manifest and payload its tensors view."""
+def received_batch(message: pb.TensorBatch, payload: memoryview | None = None) -> Received:
+    """:func:`batch_from_proto`, with the manifest and payload its tensors view (``payload``: the
+    batch's payload when ``message`` was read without it, :func:`read_push`)."""
     metas = tuple(
         TensorMeta(key=m.key, dtype=m.dtype, shape=tuple(m.shape), offset=m.offset, nbytes=m.nbytes)
         for m in message.tensors
     )
     total = max((m.offset + m.nbytes for m in metas), default=0)
     manifest = Manifest(batch_size=tuple(message.batch_size), tensors=metas, total_bytes=total)
-    payload = message.payload
-    return Received(manifest, payload, decode(manifest, payload))
+    data = message.payload if payload is None else payload
+    return Received(manifest, data, decode(manifest, data))
 
 
 def fragment_to_proto(
@@ -202,9 +288,12 @@ def _fragment_message(
     )
 
 
-def fragment_from_proto(message: pb.Fragment, *, replica: int = 0) -> Fragment:
+def fragment_from_proto(pushed: pb.Fragment | ReceivedPush, *, replica: int = 0) -> Fragment:
     """Rebuild a Fragment; raises ValueError (naming what is wrong) for a malformed message."""
-    received = received_batch(message.batch)
+    message, payload = (
+        (pushed.message, pushed.payload) if isinstance(pushed, ReceivedPush) else (pushed, None)
+    )
+    received = received_batch(message.batch, payload)
     data = received.data
     if len(message.episodes.returns) != len(message.episodes.lengths):
         raise ValueError(
