@@ -2,10 +2,11 @@
 
 Pure: no I/O. Tensors travel as ``rlkube.data.wire``'s manifest plus raw bytes (never pickle).
 Copies, counted: an eval worker's push (:func:`encode_fragment`) copies each leaf once, straight
-into the serialized request; the receiver's tensors view the received bytes (``data.wire.decode``)
-until the epoch's fragments are stacked for training, and the journal writes them from there
-(:func:`fragment_pieces`: no copy). Messages built field by field (:func:`fragment_to_proto`)
-cost protobuf's copies on top (three of the payload's size, or more).
+into the serialized request; rank 0 reads a large push with :func:`read_push`, which leaves the
+payload in the bytes gRPC delivered (protobuf's parse would copy it twice), its tensors view
+those bytes (``data.wire.decode``) until the epoch's fragments are stacked for training, and the
+journal writes them from there (:func:`fragment_pieces`: no copy). Messages built field by field
+(:func:`fragment_to_proto`) cost protobuf's copies on top (three of the payload's size, or more).
 """
 
 from __future__ import annotations
