@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("run_dir", type=Path, help="the run directory printed by `rlkube run`")
     scale.add_argument("--evaluators", type=int, required=True, help="desired eval workers")
 
+    journal = sub.add_parser("journal", help="what a run's acknowledgement journal holds (read only)")
+    journal.add_argument("run_dir", type=Path, help="the run directory printed by `rlkube run`")
+
     sub.add_parser("pod", help="pod entrypoint: run this pod's role from the env contract")
 
     render = sub.add_parser("render", help="print the objects the operator creates for a job")
@@ -138,6 +141,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             from rlkube.launch.control import scale
 
             return scale(args)
+        if args.command == "journal":
+            from rlkube.launch.journal_report import journal_command
+
+            return journal_command(args)
         if args.command == "pod":
             from rlkube.launch.pod import main as pod_main
 

@@ -201,11 +201,29 @@ class AckJournal:
         self._append = threading.Lock()  # the active segment's tail (held across a writev only)
         self._closer = weakref.finalize(self, _close_segments, self._open)
 
-    def open(self) -> AckJournal:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._adopt_entry_files()
+    def open(self, *, read_only: bool = False) -> AckJournal:
+        """Read what is on disk. ``read_only``: change nothing (no directory made, an older
+        journal's files left as they are): for looking at a run's journal, never for writing it."""
+        if not read_only:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._adopt_entry_files()
         self._scan()
         return self
+
+    def segment_files(self) -> list[Path]:
+        """The segments on disk, oldest first."""
+        return [path for _, _, path in log.segments(self.directory)]
+
+    def entry_files(self) -> list[Path]:
+        """Entries of an older rlkube (a file each), not yet moved into segments."""
+        if not self.directory.is_dir():
+            return []
+        return [p for p in self.directory.iterdir() if _FRAGMENT.match(p.name) or _QUEUED.match(p.name)]
+
+    @property
+    def checkpoint(self) -> int:
+        """Every step below it is held by a checkpoint (as far as the journal knows)."""
+        return self._checkpoint
 
     def close(self) -> None:
         """Close this incarnation's segments (a journal is also closed when it is collected)."""
@@ -525,7 +543,8 @@ class AckJournal:
     def _others(self) -> dict[str, tuple[CountRecord, CountRecord]]:
         """Every other incarnation: its count record as stored, and folded with its entries on disk."""
         entries = self._sequences()
-        recorded = {m.group(1) for path in self.directory.iterdir() if (m := _COUNTS.match(path.name))}
+        listing = self.directory.iterdir() if self.directory.is_dir() else iter(())
+        recorded = {m.group(1) for path in listing if (m := _COUNTS.match(path.name))}
         others = {}
         for incarnation in (recorded | set(entries)) - {self.incarnation}:
             stored = self._read_record(incarnation)
