@@ -312,8 +312,7 @@ class AckJournal:
             path = self.directory / log.segment_name(number, self.incarnation)
             try:
                 segment = Segment(path)
-            except FileExistsError:  # another journal took the number: the next one
-                self._numbers[path] = number
+            except FileExistsError:  # another journal took the number (it is listed now): the next
                 continue
             self._numbers[path] = number
             self._open.append(segment)
