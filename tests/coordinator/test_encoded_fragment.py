@@ -20,10 +20,9 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.journal import AckJournal
 from rlkube.coordinator.wire import EncodedFragment, encode_fragment, fragment_from_proto, fragment_to_proto
 from rlkube.data.fragment import Fragment
-from rlkube.data.rollout_buffer import AddResult
 from tensordict import TensorDict
 
-from tests.security.live import LiveJob, code_of, live_job, register, trajectories
+from tests.security.live import LiveJob, arrivals, code_of, live_job, register, trajectories
 
 
 @pytest.fixture
@@ -75,14 +74,7 @@ def test_a_fragment_without_bytes_still_names_its_tensors() -> None:
 
 def test_an_encoded_push_is_acknowledged_and_arrives_equal(live: LiveJob) -> None:
     live.coordinator.open_epoch(epoch=1, version=0)
-    arrived: list[Fragment] = []
-    add = live.coordinator.buffer.add
-
-    def keep(task_id: str, fragment: Fragment) -> AddResult:
-        arrived.append(fragment)
-        return add(task_id, fragment)
-
-    live.coordinator.buffer.add = keep  # type: ignore[method-assign]
+    arrived = arrivals(live)
     sent = trajectories()
     with live.client() as client:
         worker_id = register(client, "cartpole-eval-0")

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from rlkube.coordinator import journal_log
 from rlkube.coordinator.journal import AckJournal, _write_synced
 from rlkube.coordinator.wire import fragment_to_proto
@@ -167,3 +168,13 @@ def test_a_steps_marker_is_synced_by_durable_not_on_the_learners_path(
     journal.durable()
     assert len(syncs) == 1
     assert AckJournal(tmp_path, incarnation="next").open().held() == {0: 2, None: 1}
+
+
+def test_a_large_entry_is_taken_back_viewing_the_bytes_read(tmp_path: Path) -> None:
+    fragment = pushed_fragment(4.0)
+    fragment.data["frames"] = torch.randint(0, 255, (*fragment.data.batch_size, 300_000), dtype=torch.uint8)
+    AckJournal(tmp_path, incarnation="first").open().record(epoch=1, fragment=fragment)
+    [back] = AckJournal(tmp_path, incarnation="second").open().pending(1)
+    assert back.received is not None
+    assert isinstance(back.received.payload, memoryview)  # read as a push is: protobuf copied nothing
+    assert torch.equal(back.data["frames"], fragment.data["frames"])

@@ -17,10 +17,9 @@ from rlkube.coordinator.wire import (
     read_push,
 )
 from rlkube.data.fragment import Fragment
-from rlkube.data.rollout_buffer import AddResult
 
 from tests.coordinator.test_encoded_fragment import every_kind_of_leaf
-from tests.security.live import LiveJob, live_job, register, trajectories
+from tests.security.live import LiveJob, arrivals, live_job, register, trajectories
 
 
 @pytest.fixture
@@ -88,14 +87,7 @@ def test_damaged_bytes_are_refused_or_read_exactly_as_protobuf_does() -> None:
 
 def test_a_large_push_arrives_viewing_the_received_bytes(live: LiveJob) -> None:
     live.coordinator.open_epoch(epoch=1, version=0)
-    arrived: list[Fragment] = []
-    add = live.coordinator.buffer.add
-
-    def keep(task_id: str, fragment: Fragment) -> AddResult:
-        arrived.append(fragment)
-        return add(task_id, fragment)
-
-    live.coordinator.buffer.add = keep  # type: ignore[method-assign]
+    arrived = arrivals(live)
     sent = trajectories()
     sent["frames"] = torch.randint(0, 255, (*sent.batch_size, 200_000), dtype=torch.uint8)  # 1.6 MB
     with live.client() as client:

@@ -20,6 +20,7 @@ from rlkube.coordinator.service import CoordinatorServer
 from rlkube.coordinator.state import Coordinator
 from rlkube.coordinator.wire import fragment_to_proto
 from rlkube.data.fragment import Fragment
+from rlkube.data.rollout_buffer import AddResult
 from rlkube.data.spaces import TrajectorySpaces
 from rlkube.security.credential import Credential, new_token
 from rlkube.spec import parse_job
@@ -135,6 +136,19 @@ class LiveJob:
 CARTPOLE_SPACES = TrajectorySpaces.of(
     gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), action_bounds=False
 )
+
+
+def arrivals(live: LiveJob) -> list[Fragment]:
+    """The fragments rank 0's buffer takes from now on, in order (the buffer still takes them)."""
+    arrived: list[Fragment] = []
+    add = live.coordinator.buffer.add
+
+    def keep(task_id: str, fragment: Fragment) -> AddResult:
+        arrived.append(fragment)
+        return add(task_id, fragment)
+
+    live.coordinator.buffer.add = keep  # type: ignore[method-assign]
+    return arrived
 
 
 def live_job(**coordinator_args: object) -> Iterator[LiveJob]:

@@ -18,7 +18,7 @@ import grpc
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
-from rlkube.coordinator.wire import EncodedFragment
+from rlkube.coordinator.wire import PUSH_METHOD, EncodedFragment
 from rlkube.security.credential import Credential, process_credential
 from rlkube.security.grpc_auth import open_channel
 from rlkube.weights.wire import CHANNEL_OPTIONS
@@ -57,7 +57,7 @@ class PolicyGroupClient:
         self._channel = open_channel(address, self.credential, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.PolicyGroupStub(self._channel)
         self.stub.PushFragment = self._channel.unary_unary(  # sends an EncodedFragment as it is
-            "/rlkube.v1.PolicyGroup/PushFragment",
+            PUSH_METHOD,
             request_serializer=serialize_push,
             response_deserializer=pb.PushAck.FromString,
             _registered_method=True,

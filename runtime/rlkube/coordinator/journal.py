@@ -64,10 +64,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkube._proto import policy_group_pb2 as pb
+from google.protobuf.message import DecodeError
+
 from rlkube.coordinator import journal_log as log
 from rlkube.coordinator.journal_log import Kind, Segment
-from rlkube.coordinator.wire import fragment_from_proto, fragment_pieces
+from rlkube.coordinator.wire import ReceivedPush, fragment_from_proto, fragment_pieces, read_push
 from rlkube.data.fragment import Fragment
 
 logger = logging.getLogger(__name__)
@@ -418,15 +419,16 @@ class AckJournal:
         taken_back = []
         for entry in wanted:
             try:
-                message = pb.Fragment.FromString(log.read_body(entry.segment, entry.record))
-                fragment = fragment_from_proto(message)
-            except (OSError, ValueError) as exc:  # a torn record cannot have been acknowledged
+                read = read_push(log.read_body(entry.segment, entry.record))  # an entry is a push's bytes
+                fragment = fragment_from_proto(read)
+            except (OSError, ValueError, DecodeError) as exc:  # a torn record cannot have been acknowledged
                 logger.warning("skipping unreadable journal entry %s: %s", entry.name, exc)
                 continue
             with self._lock:
                 self._replayed += 1
                 key = f"{self.incarnation}-replay-{self._replayed}"
                 self._keys[key] = (entry.incarnation, entry.sequence)
+            message = read.message if isinstance(read, ReceivedPush) else read
             self._origins[key] = (message.worker_id, message.task_id)
             taken_back.append((key, fragment))
         return taken_back

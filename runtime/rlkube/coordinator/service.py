@@ -25,7 +25,7 @@ from rlkube._proto import policy_group_pb2_grpc as pb_grpc
 from rlkube.coordinator.edge import MAX_REQUEST_BYTES, Refusal, Refused, check_name
 from rlkube.coordinator.state import STOP, Coordinator, NotRegistered, ShardGone
 from rlkube.coordinator.tasks import TaskKind, TaskSpec
-from rlkube.coordinator.wire import ReceivedPush, batch_to_proto, fragment_from_proto, read_push
+from rlkube.coordinator.wire import SERVICE, ReceivedPush, batch_to_proto, fragment_from_proto, read_push
 from rlkube.data.wire import WireError
 from rlkube.security.credential import Credential, process_credential
 from rlkube.security.grpc_auth import listen, make_server
@@ -213,9 +213,6 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         return job_status(self.coordinator)
-
-
-SERVICE = "rlkube.v1.PolicyGroup"
 
 
 class _Registration:

@@ -16,27 +16,17 @@ from dataclasses import dataclass
 from tensordict import TensorDict
 
 from rlkube._proto import policy_group_pb2 as pb
+from rlkube.data import protowire
 from rlkube.data.fragment import Fragment
+from rlkube.data.protowire import LENGTH_DELIMITED, MalformedMessage, field_header
 from rlkube.data.wire import Manifest, Received, TensorMeta, decode, encode, payload_pieces, plan
 
-_LENGTH_DELIMITED = 2
+#: The PolicyGroup service, and the one method both ends frame themselves (client and server).
+SERVICE = pb.DESCRIPTOR.services_by_name["PolicyGroup"].full_name
+PUSH_METHOD = f"/{SERVICE}/PushFragment"
+
 _BATCH_FIELD = pb.Fragment.DESCRIPTOR.fields_by_name["batch"].number
 _PAYLOAD_FIELD = pb.TensorBatch.DESCRIPTOR.fields_by_name["payload"].number
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if not value:
-            out.append(low)
-            return bytes(out)
-        out.append(low | 0x80)
-
-
-def _field_header(number: int, wire_type: int, length: int | None = None) -> bytes:
-    tag = _varint(number << 3 | wire_type)
-    return tag if length is None else tag + _varint(length)
 
 
 #: Pushes at least this large are read by :func:`read_push` without protobuf copying the payload.
@@ -64,60 +54,24 @@ def read_push(data: bytes, *, large: int = LARGE_PUSH_BYTES) -> pb.Fragment | Re
     return ReceivedPush(pb.Fragment.FromString(header), payload)
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while shift < 64 and pos < len(data):
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-    raise ValueError("malformed varint")
-
-
-def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int, int]]:
-    """The fields in ``data[start:end]``: (number, wire type, field start, value start, field end)."""
-    found, pos = [], start
-    while pos < end:
-        tag, value_at = _read_varint(data, pos)
-        number, wire_type = tag >> 3, tag & 7
-        if wire_type == 0:
-            _, field_end = _read_varint(data, value_at)
-        elif wire_type == 1:
-            field_end = value_at + 8
-        elif wire_type == 5:
-            field_end = value_at + 4
-        elif wire_type == _LENGTH_DELIMITED:
-            length, value_at = _read_varint(data, value_at)
-            field_end = value_at + length
-        else:
-            raise ValueError(f"wire type {wire_type}")
-        if number == 0 or field_end > end:
-            raise ValueError("field past the end")
-        found.append((number, wire_type, pos, value_at, field_end))
-        pos = field_end
-    return found
-
-
 def _split_payload(data: bytes) -> tuple[bytes, memoryview] | None:
     """(``data`` without the batch payloads, the last payload), or None for protobuf to parse."""
     try:
         header: list[bytes] = []
         payload: tuple[int, int] | None = None
-        for number, wire_type, start, value_at, end in _fields(data, 0, len(data)):
-            if number != _BATCH_FIELD or wire_type != _LENGTH_DELIMITED:
-                header.append(data[start:end])
+        for field in protowire.fields(data):
+            if field.number != _BATCH_FIELD or field.wire_type != LENGTH_DELIMITED:
+                header.append(data[field.start : field.end])
                 continue
             batch: list[bytes] = []
-            for sub, sub_type, sub_start, sub_value, sub_end in _fields(data, value_at, end):
-                if sub == _PAYLOAD_FIELD and sub_type == _LENGTH_DELIMITED:
-                    payload = (sub_value, sub_end)
+            for sub in protowire.fields(data, field.value_at, field.end):
+                if sub.number == _PAYLOAD_FIELD and sub.wire_type == LENGTH_DELIMITED:
+                    payload = (sub.value_at, sub.end)
                 else:
-                    batch.append(data[sub_start:sub_end])
+                    batch.append(data[sub.start : sub.end])
             body = b"".join(batch)
-            header.append(_field_header(_BATCH_FIELD, _LENGTH_DELIMITED, len(body)) + body)
-    except (ValueError, IndexError):
+            header.append(field_header(_BATCH_FIELD, LENGTH_DELIMITED, len(body)) + body)
+    except MalformedMessage:
         return None
     if payload is None:
         return None
@@ -194,9 +148,9 @@ def fragment_pieces(
     ).SerializeToString()
     pieces: list[bytes | memoryview] = [header]
     if manifest.total_bytes:
-        payload = _field_header(_PAYLOAD_FIELD, _LENGTH_DELIMITED, manifest.total_bytes)
+        payload = field_header(_PAYLOAD_FIELD, LENGTH_DELIMITED, manifest.total_bytes)
         pieces += [
-            _field_header(_BATCH_FIELD, _LENGTH_DELIMITED, len(payload) + manifest.total_bytes),
+            field_header(_BATCH_FIELD, LENGTH_DELIMITED, len(payload) + manifest.total_bytes),
             payload,
             *(
                 [memoryview(received.payload)[: manifest.total_bytes]]

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import grpc
 
+from rlkube.data.protowire import LENGTH_DELIMITED, VARINT, MalformedMessage, fields, read_varint, varint
 from rlkube.weights.errors import IntegrityError
 
 #: gRPC refuses messages above 4 MiB by default. Weight chunks are bulk data of up to
@@ -51,22 +52,10 @@ LAYOUT_METHOD = f"/{SERVICE}/GetLayout"
 DATA_PORT_METHOD = f"/{SERVICE}/GetDataPort"
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def chunk_framing(version: int, offset: int, nbytes: int, checksum: int) -> tuple[bytes, bytes]:
     """(prefix, suffix) around ``nbytes`` of payload: fields 1 version, 2 offset, 3 data, 4 checksum."""
-    prefix = b"\x08" + _varint(version) + b"\x10" + _varint(offset) + b"\x1a" + _varint(nbytes)
-    suffix = b"\x20" + _varint(checksum)
+    prefix = b"\x08" + varint(version) + b"\x10" + varint(offset) + b"\x1a" + varint(nbytes)
+    suffix = b"\x20" + varint(checksum)
     return prefix, suffix
 
 
@@ -78,54 +67,25 @@ class Chunk:
     checksum: int
 
 
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = 0
-    shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise IntegrityError("malformed weight chunk: truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
 def decode_chunk(message: bytes | memoryview) -> Chunk:
     """Parse a serialized ``WeightChunk`` (any field order; unknown fields skipped)."""
     buf = memoryview(message)
-    pos = 0
     version = offset = checksum = 0
     data = memoryview(b"")
-    while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-            if field == 1:
-                version = value
-            elif field == 2:
-                offset = value
-            elif field == 4:
-                checksum = value
-        elif wire == 2:
-            length, pos = _read_varint(buf, pos)
-            if pos + length > len(buf):
-                raise IntegrityError(
-                    f"malformed weight chunk: field {field} claims {length} bytes, {len(buf) - pos} remain"
-                )
-            if field == 3:
-                data = buf[pos : pos + length]
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise IntegrityError(f"malformed weight chunk: wire type {wire} of field {field}")
-    if pos != len(buf):
-        raise IntegrityError("malformed weight chunk: trailing bytes")
+    try:
+        for field in fields(buf):
+            if field.wire_type == VARINT and field.number in (1, 2, 4):
+                value, _ = read_varint(buf, field.value_at)
+                if field.number == 1:
+                    version = value
+                elif field.number == 2:
+                    offset = value
+                else:
+                    checksum = value
+            elif field.wire_type == LENGTH_DELIMITED and field.number == 3:
+                data = buf[field.value_at : field.end]
+    except MalformedMessage as exc:
+        raise IntegrityError(f"malformed weight chunk: {exc}") from None
     return Chunk(version, offset, data, checksum)
 
 
