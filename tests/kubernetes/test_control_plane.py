@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
 from rlkube_devcluster import REPO
 from rlkube_devcluster.controlplane import build
 from rlkube_devcluster.controlplane.build import BuildError, binaries_dir, ensure_binaries, kubernetes_version
-from rlkube_devcluster.controlplane.cluster import ControlPlane, ControlPlaneError
+from rlkube_devcluster.controlplane.cluster import (
+    ControlPlane,
+    ControlPlaneError,
+    etcd_version,
+    progress_notify_flag,
+)
+
+from tests.operator.harness import kubectl
 
 
 def script(path: Path, text: str) -> Path:
@@ -76,3 +84,41 @@ def test_a_stopped_control_plane_leaves_no_process(tmp_path: Path) -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_etcd_is_told_to_announce_its_progress_in_the_flag_its_version_knows() -> None:
+    assert etcd_version("etcd Version: 3.5.1\nGit SHA: e8732fb5f\n") == (3, 5)
+    assert etcd_version("etcd Version: 3.6.4\n") == (3, 6)
+    assert progress_notify_flag((3, 5), "1s") == "--experimental-watch-progress-notify-interval=1s"
+    assert progress_notify_flag((3, 6), "1s") == "--watch-progress-notify-interval=1s"
+    with pytest.raises(ControlPlaneError, match="cannot tell etcd's version"):
+        etcd_version("flag provided but not defined: -version")
+
+
+def test_a_resource_nobody_writes_is_listed_at_the_revision_a_write_of_another_returned(
+    control_plane: ControlPlane,
+) -> None:
+    """What controllers' informers ask after a write: "this resource, as of at least revision N".
+    The API server answers from its watch cache, which learns how far etcd has got from the
+    resource's own events and from etcd's progress notifications; for a resource nothing writes,
+    only from the notifications. Without them (etcd's default: every 10 minutes) it refuses with
+    "Too large resource version" after 3 s, again and again: the StatefulSet controller once
+    created no pod for 5 minutes that way."""
+    admin = control_plane.kubeconfig
+    name = f"written-{os.getpid()}-{time.monotonic_ns()}"
+    written = kubectl(
+        admin, "-n", "default", "create", "configmap", name, "-o", "jsonpath={.metadata.resourceVersion}"
+    ).stdout
+    try:
+        path = f"/api/v1/podtemplates?resourceVersion={written}&resourceVersionMatch=NotOlderThan"
+        refusals = []
+        deadline = time.monotonic() + 60
+        while True:
+            answer = kubectl(admin, "get", "--raw", path, check=False)
+            if answer.returncode == 0:
+                break
+            refusals.append(answer.stderr.strip())
+            assert time.monotonic() < deadline, f"refused {len(refusals)} times: {refusals[-1]}"
+        assert '"kind":"PodTemplateList"' in answer.stdout
+    finally:
+        kubectl(admin, "-n", "default", "delete", "configmap", name, check=False)

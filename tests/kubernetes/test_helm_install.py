@@ -62,7 +62,9 @@ def run_kubectl(cluster: RealCluster, *args: str, timeout: float = 120.0, check:
 
 
 def operator_report(cluster: RealCluster) -> str:
-    """The operator pod's status, its events and the end of its log: what a failed wait shows."""
+    """The operator pod's status, its events and the end of its log; the job's namespace (the
+    RLJob, its StatefulSets and pods, its events); the controller-manager's errors: what a failed
+    wait shows, so that a stall says whose it was."""
     pods = json.loads(
         run_kubectl(cluster, "-n", NAMESPACE, "get", "pods", "-o", "json", check=False).stdout
         or '{"items":[]}'
@@ -76,8 +78,27 @@ def operator_report(cluster: RealCluster) -> str:
         )
         if logs:
             lines.append(f"--- its log ({logs[-1]}):\n{logs[-1].read_text(errors='replace')[-4000:]}")
-    events = run_kubectl(cluster, "-n", NAMESPACE, "get", "events", check=False).stdout
-    lines.append(f"--- events in {NAMESPACE}:\n{events}")
+    for namespace in (NAMESPACE, JOBS):
+        events = run_kubectl(cluster, "-n", namespace, "get", "events", check=False).stdout
+        lines.append(f"--- events in {namespace}:\n{events}")
+    objects = run_kubectl(cluster, "-n", JOBS, "get", "rlj,sts,pods,svc", "-o", "wide", check=False)
+    lines.append(f"--- in {JOBS}:\n{objects.stdout}{objects.stderr}")
+    job = run_kubectl(cluster, "-n", JOBS, "get", "rlj", NAME, "-o", "jsonpath={.status}", check=False)
+    lines.append(f"--- rlj/{NAME} status: {job.stdout}{job.stderr}")
+    writes = sorted(
+        {
+            (e.verb, e.resource, e.subresource, e.code)
+            for e in cluster.plane.audit()
+            if e.user == OPERATOR_USER and e.namespace == JOBS and e.verb not in {"get", "list", "watch"}
+        }
+    )
+    lines.append(f"--- the operator's writes in {JOBS} (verb, resource, subresource, code): {writes}")
+    manager = cluster.plane.workdir / "logs" / "kube-controller-manager.log"
+    if manager.exists():
+        errors = [line for line in manager.read_text(errors="replace").splitlines() if line.startswith("E")]
+        lines.append(
+            f"--- kube-controller-manager errors (last 20 of {len(errors)}):\n" + "\n".join(errors[-20:])
+        )
     return "\n".join(lines)
 
 
