@@ -244,8 +244,16 @@ def run_producer(args: argparse.Namespace) -> int:
             pb.RegisterRequest(role="eval", pod_name=f"producer-{args.index}", num_envs=shape.num_envs),
             retry_for=30.0,
         )
-        stream = TaskStream(client, stop=stop, retry_for=5.0)  # rank 0 stops serving at the end
+        acknowledged = 0
+
+        def count(_message: Any, ack: Any) -> None:
+            nonlocal acknowledged
+            acknowledged += ack is not None and ack.accepted
+
+        # rank 0 stops serving at the end
+        stream = TaskStream(client, stop=stop, retry_for=5.0, on_answer=count)
         stream.bind(reply.worker_id)
+        cpu_at_start = _cpu_seconds()
         try:
             while not stop.is_set():
                 task = stream.next_task(wait_seconds=5.0)
@@ -266,6 +274,9 @@ def run_producer(args: argparse.Namespace) -> int:
             pass
         finally:
             stream.close()
+            if args.result:
+                cpu = _cpu_seconds() - cpu_at_start
+                Path(args.result).write_text(json.dumps({"cpu_seconds": cpu, "acknowledged": acknowledged}))
     return 0
 
 
@@ -312,8 +323,11 @@ def measure(args: argparse.Namespace, producers: int, root: Path) -> dict[str, A
         *(["--no-journal"] if args.no_journal else []),
     ]
     rank0 = subprocess.Popen([*module, *rank0_args, *common])
+    producer_results = [run_dir / f"producer-{i}.json" for i in range(producers)]
     workers = [
-        subprocess.Popen([*module, "--role", "producer", "--index", str(i), *common])
+        subprocess.Popen(
+            [*module, "--role", "producer", "--index", str(i), "--result", str(producer_results[i]), *common]
+        )
         for i in range(producers)
     ]
     if args.pause_for_profiler:
@@ -331,6 +345,7 @@ def measure(args: argparse.Namespace, producers: int, root: Path) -> dict[str, A
                 process.kill()
                 process.wait()
     row = json.loads(result.read_text()) if result.exists() else {}
+    row.update(producer_cost(producer_results))
     return {
         "method": "intake",
         "shape": args.shape,
@@ -342,10 +357,26 @@ def measure(args: argparse.Namespace, producers: int, root: Path) -> dict[str, A
     }
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def producer_cost(results: list[Path]) -> dict[str, Any]:
+    """The producers' CPU per fragment acknowledged, over their whole run (rank 0's is over the window)."""
+    cpu = acknowledged = 0.0
+    for path in results:
+        if path.exists():
+            one = json.loads(path.read_text())
+            cpu += one["cpu_seconds"]
+            acknowledged += one["acknowledged"]
+    return {"producer_cpu_ms_per_fragment": 1e3 * cpu / acknowledged} if acknowledged else {}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"{'shape':8s} {'producers':>9s} {'journal':>7s} {'sync ms':>7s} {'train us/step':>13s} "
-        f"{'fragments/s':>11s} {'env steps/s':>11s} {'rank 0 cpu ms/frag':>18s} {'rank 0 cpu':>10s}"
+        f"{'fragments/s':>11s} {'env steps/s':>11s} {'rank 0 cpu ms/frag':>18s} {'rank 0 cpu':>10s} "
+        f"{'producer cpu ms/frag':>20s}"
     ]
     for r in rows:
         cpu = r.get("rank0_cpu_ms_per_fragment")
@@ -353,8 +384,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['shape']:8s} {r['producers']:9d} {'on' if r['journal'] else 'off':>7s} "
             f"{r.get('sync_ms', 0.0):7.1f} {r['train_us_per_step']:13.0f} "
             f"{r.get('fragments_per_second', 0):11,.1f} "
-            f"{r.get('env_steps_per_second', 0):11,.0f} {'-' if cpu is None else f'{cpu:.2f}':>18s} "
-            f"{100 * r.get('rank0_cpu_share', 0):9.0f}%"
+            f"{r.get('env_steps_per_second', 0):11,.0f} {_ms(cpu):>18s} "
+            f"{100 * r.get('rank0_cpu_share', 0):9.0f}% {_ms(r.get('producer_cpu_ms_per_fragment')):>20s}"
         )
     return "\n".join(lines)
 

