@@ -11,8 +11,9 @@ the GIL that long per env step, as a small learner does.
 Fragments are the size the real rollout sends: ``cartpole`` (8 envs x 32 steps, float32[4]
 observations, the keys PPO writes: ~11 KB on the wire) and ``atari`` (8 envs x 128 steps,
 uint8[4, 84, 84] observations and next observations: ~58 MB). It reports, per producer count,
-fragments/s and env steps/s acknowledged by rank 0, and rank 0's CPU time per fragment: the
-intake ceiling, independent of env and learner speed. ``rlkube bench rollout`` prints it beside
+fragments/s and env steps/s acknowledged by rank 0, rank 0's CPU time per fragment (over the
+measured window) and the producers' (over their whole run: encoding and sending): the intake
+ceiling, independent of env and learner speed. ``rlkube bench rollout`` prints it beside
 its rows as the ceiling column.
 
 Rank 0 and the producers are separate processes (``--role``), so a profiler can attach to each:
