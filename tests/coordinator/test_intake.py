@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from rlkube.coordinator import journal_log
-from rlkube.coordinator.journal import AckJournal
+from rlkube.coordinator.journal import AckJournal, PendingEntry
 from rlkube.coordinator.state import STOP, Coordinator, PushOutcome
 from rlkube.coordinator.tasks import TaskSpec
 from rlkube.data.fragment import Fragment
@@ -30,12 +30,12 @@ class HeldJournal(AckJournal):
         self.release = threading.Event()
         self.fail = False
 
-    def record(self, **kwargs: Any) -> None:
+    def append(self, **kwargs: Any) -> PendingEntry:
         self.writing.set()
         assert self.release.wait(DEADLINE)
         if self.fail:
             raise OSError(28, "No space left on device")
-        super().record(**kwargs)
+        return super().append(**kwargs)
 
 
 def held(tmp_path: Path) -> tuple[Coordinator, HeldJournal]:

@@ -167,6 +167,20 @@ class _Entry:
         return self.dropped or self.step != self.record.step
 
 
+@dataclass(eq=False)
+class PendingEntry:
+    """An entry written by :meth:`AckJournal.append`, durable once ``segment`` is synced through ``end``."""
+
+    sequence: int
+    key: str
+    segment: Segment
+    end: int
+
+    @property
+    def durable(self) -> bool:
+        return self.segment.synced >= self.end
+
+
 def _close_segments(segments: list[Segment]) -> None:
     for segment in segments:
         segment.close()
@@ -332,30 +346,54 @@ class AckJournal:
 
         Call before acknowledging it; safe to call from several threads at once. ``key``: the
         buffer's id of the fragment (its task id), for :meth:`taken`; its public part is kept with
-        ``worker`` (a public name) for quarantine notes.
+        ``worker`` (a public name) for quarantine notes. The blocking form of :meth:`append`, a
+        sync covering it, then :meth:`settle`.
         """
+        pending = self.append(epoch=epoch, fragment=fragment, key=key, worker=worker)
+        try:
+            pending.segment.sync_through(pending.end)
+        except BaseException:
+            self.abandon(pending)
+            raise
+        self.settle(pending)
+
+    def append(
+        self, *, epoch: int | None, fragment: Fragment, key: str = "", worker: str = ""
+    ) -> PendingEntry:
+        """Write ``fragment``'s entry, not yet durable: make it so (``pending.segment.sync_through``),
+        then :meth:`settle` it before acknowledging; on a failed sync, :meth:`abandon` it."""
         with self._lock:
             self._written += 1
             sequence = self._written
             self._in_flight.add(sequence)
-        entry_id = (self.incarnation, sequence)
         try:
             task = key.rsplit(".", 1)[0] if key else f"journal-{sequence}"
             # The identity fields are the coordinator's: the pusher's worker id is its secret.
             body = fragment_pieces(fragment, task_id=task, worker_id=worker, epoch=epoch or 0)
             segment, end = self._append_record(Kind.ENTRY, sequence=sequence, step=epoch, body=body)
-            segment.sync_through(end)
         except BaseException:
-            with self._lock:
-                self._in_flight.discard(sequence)
-                self._entries.pop(entry_id, None)
+            self._forget(sequence)
             raise
+        return PendingEntry(sequence=sequence, key=key, segment=segment, end=end)
+
+    def settle(self, pending: PendingEntry) -> None:
+        """``pending`` is durable: it counts as acknowledged from now on."""
+        entry_id = (self.incarnation, pending.sequence)
         with self._lock:  # counted and no longer in flight at one instant (see _record_counts)
             self._entries[entry_id].in_flight = False
-            if key:
-                self._keys[key] = entry_id
+            if pending.key:
+                self._keys[pending.key] = entry_id
             self.acknowledged += 1
+            self._in_flight.discard(pending.sequence)
+
+    def abandon(self, pending: PendingEntry) -> None:
+        """``pending`` will not be acknowledged (its sync failed)."""
+        self._forget(pending.sequence)
+
+    def _forget(self, sequence: int) -> None:
+        with self._lock:
             self._in_flight.discard(sequence)
+            self._entries.pop((self.incarnation, sequence), None)
 
     def _mark(self, kind: Kind, ids: Sequence[EntryId], *, step: int | None = None) -> None:
         """Append a marker for ``ids`` and wait for it to be durable."""

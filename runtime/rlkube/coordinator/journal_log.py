@@ -210,6 +210,12 @@ class Segment:
                     raise error
                 self._synced = max(self._synced, target)
 
+    @property
+    def synced(self) -> int:
+        """How many bytes are durable."""
+        with self._cond:
+            return self._synced
+
     def idle(self) -> bool:
         """Nothing is being synced or waiting to be (its descriptor may be closed)."""
         with self._cond:

@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
+from enum import Enum
 from typing import Any
 
 from tensordict import TensorDict
@@ -46,7 +47,7 @@ from rlkube.coordinator.edge import (
     RegistrationGate,
     check_name,
 )
-from rlkube.coordinator.journal import AckJournal
+from rlkube.coordinator.journal import AckJournal, PendingEntry
 from rlkube.coordinator.membership import Departure, Membership, Worker
 from rlkube.coordinator.progress import Progress
 from rlkube.coordinator.refusals import RefusalLedger, RefusalRecord, pod_of
@@ -132,6 +133,28 @@ class PushOutcome:
     reason: str = ""
     #: The pusher's next task when it asked for one (``lease_next``): a task, STOP, or None (none now).
     next: TaskSpec | str | None = None
+
+
+@dataclass(eq=False)
+class StagedPush:
+    """A push checked and written to the journal (``entry``; None without one), not yet acknowledged."""
+
+    task_id: str
+    worker_id: str
+    fragment: Fragment
+    rollout_seconds: float
+    weight_wait_seconds: float
+    lease_next: bool
+    entry: PendingEntry | None = None
+
+
+class Committing(Enum):
+    """A retry of a push that is still being journalled (:meth:`Coordinator.stage_push` without wait)."""
+
+    COMMITTING = "committing"
+
+
+COMMITTING = Committing.COMMITTING
 
 
 @dataclass
@@ -304,6 +327,50 @@ class Coordinator:
         meanwhile; see ``coordinator.journal``) and acknowledged once it is durable; a retry of it
         that arrives meanwhile waits for that. ``lease_next``: the outcome also carries the
         worker's next task (:attr:`PushOutcome.next`), saving it a LeaseTask round trip.
+
+        The blocking form of :meth:`stage_push`, the journal's sync, then :meth:`complete_push`
+        (an event loop awaits the sync instead: ``coordinator.intake``).
+        """
+        staged = self.stage_push(
+            task_id=task_id,
+            worker_id=worker_id,
+            fragment=fragment,
+            episode_returns=episode_returns,
+            episode_lengths=episode_lengths,
+            rollout_seconds=rollout_seconds,
+            weight_wait_seconds=weight_wait_seconds,
+            lease_next=lease_next,
+        )
+        assert staged is not COMMITTING  # stage_push waits for it
+        if not isinstance(staged, StagedPush):
+            return staged
+        if staged.entry is not None:
+            try:
+                staged.entry.segment.sync_through(staged.entry.end)
+            except OSError as exc:
+                self.abandon_push(staged, exc)
+                raise
+        return self.complete_push(staged)
+
+    def stage_push(
+        self,
+        *,
+        task_id: str,
+        worker_id: str,
+        fragment: Fragment | None,
+        episode_returns: tuple[float, ...] = (),
+        episode_lengths: tuple[int, ...] = (),
+        rollout_seconds: float = 0.0,
+        weight_wait_seconds: float = 0.0,
+        lease_next: bool = False,
+        wait: bool = True,
+    ) -> PushOutcome | StagedPush | Committing:
+        """:meth:`push` up to its journal entry written, not yet durable.
+
+        A :class:`PushOutcome` when the push is answered now (a duplicate, a closed task, an
+        evaluation), a :class:`StagedPush` for :meth:`complete_push` once its entry is durable.
+        A retry of a push still being journalled waits for it (``wait``) or, without ``wait``, is
+        answered :data:`COMMITTING` (stage it again once that push is complete).
         """
         check_name("task_id", task_id, required=True)
         check_name("worker_id", worker_id, required=True)
@@ -317,6 +384,8 @@ class Coordinator:
             if self.members.touch(worker_id, now=self.clock()) is None:
                 raise Refused(Refusal.DENIED, "the pushing worker is not registered with this coordinator")
             while task_id in self._committing:  # its first push is being journalled: answer as that does
+                if not wait:
+                    return COMMITTING
                 self._cond.wait(1.0)
             acked_by = self.board.acked_by(task_id)
             if acked_by is not None:
@@ -351,19 +420,34 @@ class Coordinator:
             name = self._name_of(worker_id)
             if journal is not None:
                 self._committing.add(task_id)
+        staged = StagedPush(task_id, worker_id, fragment, rollout_seconds, weight_wait_seconds, lease_next)
         if journal is not None:  # durable before it is acknowledged; outside the lock
             try:
-                journal.record(epoch=epoch, fragment=fragment, key=task_id, worker=name)
+                staged.entry = journal.append(epoch=epoch, fragment=fragment, key=task_id, worker=name)
             except OSError as exc:
-                with self._cond:
-                    self._committing.discard(task_id)
-                    self.board.withdraw(task_id)
-                    self.journal_error = exc
-                    self._cond.notify_all()
+                self.abandon_push(staged, exc)
                 raise
+        return staged
+
+    def abandon_push(self, staged: StagedPush, error: OSError) -> None:
+        """A staged push whose journal entry could not be made durable: never acknowledged, and the
+        coordinator acknowledges nothing more (the run ends with ``error``)."""
+        if staged.entry is not None and self.journal is not None:
+            self.journal.abandon(staged.entry)
         with self._cond:
-            self._committing.discard(task_id)
-            added = self.buffer.add(task_id, fragment)
+            self._committing.discard(staged.task_id)
+            self.board.withdraw(staged.task_id)
+            self.journal_error = error
+            self._cond.notify_all()
+
+    def complete_push(self, staged: StagedPush) -> PushOutcome:
+        """Acknowledge a staged push whose journal entry (if any) is durable."""
+        if staged.entry is not None and self.journal is not None:
+            self.journal.settle(staged.entry)
+        fragment, worker_id = staged.fragment, staged.worker_id
+        with self._cond:
+            self._committing.discard(staged.task_id)
+            added = self.buffer.add(staged.task_id, fragment)
             if added is AddResult.FULL:  # cannot happen while the board bounds the work; be safe
                 self.board.release_worker(worker_id)
                 self._cond.notify_all()
@@ -374,15 +458,15 @@ class Coordinator:
                 env_steps=fragment.env_steps,
                 episodes=len(fragment.episode_returns),
                 now=self.clock(),
-                rollout_seconds=rollout_seconds,
-                weight_wait_seconds=weight_wait_seconds,
+                rollout_seconds=staged.rollout_seconds,
+                weight_wait_seconds=staged.weight_wait_seconds,
             )
             worker = self.members.get(worker_id)
             if worker is not None:
                 worker.fragments_pushed += 1
                 worker.env_steps += fragment.env_steps
             self._cond.notify_all()
-            return PushOutcome(accepted=True, next=self._lease_next(worker_id, lease_next))
+            return PushOutcome(accepted=True, next=self._lease_next(worker_id, staged.lease_next))
 
     def _lease_next(self, worker_id: str, wanted: bool) -> TaskSpec | str | None:
         """The next task of a worker that asked for it with its push (no wait; None: none now)."""
