@@ -11,24 +11,29 @@ fragments go to the others.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 from tensordict import TensorDict
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
 from rlkube.coordinator.edge import MAX_REQUEST_BYTES, Refusal, Refused, check_name
-from rlkube.coordinator.state import STOP, Coordinator, NotRegistered, ShardGone
+from rlkube.coordinator.intake import AsyncIntake, GroupSync
+from rlkube.coordinator.state import STOP, Coordinator, NotRegistered, PushOutcome, ShardGone
 from rlkube.coordinator.tasks import TaskKind, TaskSpec
+from rlkube.coordinator.threaded_handlers import OnLoop
 from rlkube.coordinator.wire import SERVICE, ReceivedPush, batch_to_proto, fragment_from_proto, read_push
 from rlkube.data.wire import WireError
 from rlkube.security.credential import Credential, process_credential
-from rlkube.security.grpc_auth import listen, make_server
+from rlkube.security.grpc_auth import listen, make_aio_server
 from rlkube.weights.consistency import WorkerLoad
 from rlkube.weights.wire import MAX_MESSAGE_BYTES, abort
 
@@ -65,27 +70,57 @@ def answer(context: grpc.ServicerContext, call: Callable[[], T]) -> T:
     """``call()``, its refusals answered with their gRPC code and reason (never UNKNOWN)."""
     try:
         return call()
-    except Refused as exc:
+    except Exception as exc:
+        found = refusal_of(exc)
+        if found is None:
+            raise
+        abort(context, *found)
+
+
+def refusal_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
+    """The gRPC code and reason that answer ``exc``; None: not a refusal (a fault of ours)."""
+    if isinstance(exc, Refused):
         code, detail = getattr(grpc.StatusCode, exc.kind.value), exc.reason
-    except NotRegistered as exc:
+    elif isinstance(exc, NotRegistered):
         code, detail = grpc.StatusCode.NOT_FOUND, f"worker {_short(str(exc))} is not registered"
-    except ShardGone as exc:
+    elif isinstance(exc, ShardGone):
         code, detail = grpc.StatusCode.FAILED_PRECONDITION, str(exc)
-    except WireError as exc:
+    elif isinstance(exc, WireError):
         code, detail = grpc.StatusCode.INVALID_ARGUMENT, f"malformed batch: {exc}"
-    except BAD_INPUT as exc:
+    elif isinstance(exc, BAD_INPUT):
         logger.info("refused a malformed request: %s", exc)
         code, detail = grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(exc).__name__}: {exc}"
-    abort(context, code, detail[:1024])
+    else:
+        return None
+    return code, detail[:1024]
 
 
 def _short(text: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def push_arguments(pushed: pb.Fragment | ReceivedPush) -> dict[str, Any]:
+    """A PushFragment request as :meth:`Coordinator.push`'s arguments (the fragment decoded)."""
+    request = pushed.message if isinstance(pushed, ReceivedPush) else pushed
+    check_name("task_id", request.task_id, required=True)
+    check_name("worker_id", request.worker_id, required=True)
+    return {
+        "task_id": request.task_id,
+        "worker_id": request.worker_id,
+        "fragment": fragment_from_proto(pushed) if request.batch.tensors else None,
+        "episode_returns": tuple(request.episodes.returns),
+        "episode_lengths": tuple(request.episodes.lengths),
+        "rollout_seconds": request.rollout_seconds,
+        "weight_wait_seconds": request.weight_wait_seconds,
+        "lease_next": request.lease_next,
+    }
+
+
 class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, intake: AsyncIntake | None = None) -> None:
         self.coordinator = coordinator
+        #: Pushes on an event loop (the server's); None: blocking pushes (in-process calls).
+        self.intake = intake
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         return answer(context, lambda: self._register(request))
@@ -170,29 +205,34 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
         return answer(context, lease)
 
     def PushFragment(self, request: pb.Fragment | ReceivedPush, context: grpc.ServicerContext) -> pb.PushAck:
-        return answer(context, lambda: self._push(request))
+        def push() -> pb.PushAck:
+            arguments = push_arguments(request)
+            return self._ack(self.coordinator.push(**arguments), arguments)
 
-    def _push(self, pushed: pb.Fragment | ReceivedPush) -> pb.PushAck:
-        request = pushed.message if isinstance(pushed, ReceivedPush) else pushed
-        check_name("task_id", request.task_id, required=True)
-        check_name("worker_id", request.worker_id, required=True)
-        fragment = fragment_from_proto(pushed) if request.batch.tensors else None
-        outcome = self.coordinator.push(
-            task_id=request.task_id,
-            worker_id=request.worker_id,
-            fragment=fragment,
-            episode_returns=tuple(request.episodes.returns),
-            episode_lengths=tuple(request.episodes.lengths),
-            rollout_seconds=request.rollout_seconds,
-            weight_wait_seconds=request.weight_wait_seconds,
-            lease_next=request.lease_next,
-        )
+        return answer(context, push)
+
+    async def PushFragmentOnLoop(
+        self, request: pb.Fragment | ReceivedPush, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PushAck:
+        """:meth:`PushFragment` on the server's event loop (``coordinator.intake``)."""
+        assert self.intake is not None, "served by an asyncio server only"
+        try:
+            arguments = push_arguments(request)
+            return self._ack(await self.intake.push(**arguments), arguments)
+        except Exception as exc:
+            found = refusal_of(exc)
+            if found is None:
+                raise
+            await context.abort(*found)
+            raise AssertionError("unreachable: ServicerContext.abort raises") from None
+
+    def _ack(self, outcome: PushOutcome, arguments: dict[str, Any]) -> pb.PushAck:
         return pb.PushAck(
             accepted=outcome.accepted,
             duplicate=outcome.duplicate,
             reason=outcome.reason,
             fragments_acked=self.coordinator.progress.fragments,
-            next=task_to_proto(outcome.next) if request.lease_next else None,
+            next=task_to_proto(outcome.next) if arguments["lease_next"] else None,
         )
 
     def PullShard(self, request: pb.PullShardRequest, context: grpc.ServicerContext) -> Iterator[pb.Fragment]:
@@ -229,14 +269,14 @@ class _Registration:
         self.methods.update(methods)
 
 
-def add_policy_group(servicer: PolicyGroupServicer, server: grpc.Server) -> None:
+def add_policy_group(servicer: PolicyGroupServicer, server: grpc.Server | grpc.aio.Server) -> None:
     """The generated registration, with PushFragment read by ``wire.read_push`` (a large push's
-    payload stays in the received bytes)."""
+    payload stays in the received bytes) and, with an intake, handled on the server's loop."""
     caught = _Registration()
     pb_grpc.add_PolicyGroupServicer_to_server(servicer, caught)
     methods = dict(caught.methods)
     methods["PushFragment"] = grpc.unary_unary_rpc_method_handler(
-        servicer.PushFragment,
+        servicer.PushFragment if servicer.intake is None else servicer.PushFragmentOnLoop,
         request_deserializer=read_push,
         response_serializer=pb.PushAck.SerializeToString,
     )
@@ -304,7 +344,12 @@ def _wire(value: object) -> Any:
 
 
 class CoordinatorServer:
-    """The gRPC server of rank 0: PolicyGroup, plus any extra handlers (the WeightStore)."""
+    """The gRPC server of rank 0: PolicyGroup, plus any extra handlers (the WeightStore).
+
+    A ``grpc.aio`` server on its own thread's event loop: pushes are handled on the loop
+    (``coordinator.intake``), every other call on a pool of ``max_workers`` threads (long polls
+    block one each), as are the extra handlers.
+    """
 
     def __init__(
         self,
@@ -325,34 +370,51 @@ class CoordinatorServer:
         self.extra_handlers = tuple(extra_handlers)
         self.max_workers = max_workers
         self.port = 0
-        self._server: grpc.Server | None = None
+        self.intake: AsyncIntake | None = None
+        self._server: grpc.aio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="journal-sync")
+        self._handlers = ThreadPoolExecutor(max_workers, thread_name_prefix="policy-group")
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
 
     def start(self) -> CoordinatorServer:
-        server = make_server(
+        loop = self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=loop.run_forever, name="policy-group-loop", daemon=True)
+        self._loop_thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._open(), loop).result()
+        except BaseException:
+            self._close_loop()
+            raise
+        if not self.credential.enforced:
+            logger.warning("the coordinator on %s accepts calls without a credential", self.address)
+        self._reaper = threading.Thread(target=self._reap, name="coordinator-reaper", daemon=True)
+        self._reaper.start()
+        return self
+
+    async def _open(self) -> None:
+        server = make_aio_server(
             self.credential,
-            max_workers=self.max_workers,
+            executor=self._handlers,
             options=(
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", self.max_request_bytes),
             ),
-            thread_name_prefix="policy-group",
         )
-        add_policy_group(PolicyGroupServicer(self.coordinator), server)
+        self.intake = AsyncIntake(self.coordinator, GroupSync(asyncio.get_running_loop(), self._syncer))
+        add_policy_group(PolicyGroupServicer(self.coordinator, self.intake), server)
         if self.extra_handlers:
-            server.add_generic_rpc_handlers(self.extra_handlers)
+            server.add_generic_rpc_handlers(
+                [OnLoop(handler, self._handlers) for handler in self.extra_handlers]
+            )
         try:
             self.port = listen(server, self.address, self.credential)
         except OSError:
             raise OSError(f"the coordinator cannot listen on {self.address}") from None
-        if not self.credential.enforced:
-            logger.warning("the coordinator on %s accepts calls without a credential", self.address)
-        server.start()
+        await server.start()
         self._server = server
-        self._reaper = threading.Thread(target=self._reap, name="coordinator-reaper", daemon=True)
-        self._reaper.start()
-        return self
 
     def _reap(self) -> None:
         while not self._stop.wait(1.0):
@@ -365,9 +427,21 @@ class CoordinatorServer:
 
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
-        if self._server is not None:
-            self._server.stop(grace).wait()
+        if self._server is not None and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop).result()
             self._server = None
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        loop, thread = self._loop, self._loop_thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+        self._loop = self._loop_thread = None
+        self._syncer.shutdown(wait=True)
+        self._handlers.shutdown(wait=False)  # a handler past its call's end finishes on its own
 
     def __enter__(self) -> CoordinatorServer:
         return self.start()

@@ -1,21 +1,22 @@
 """Every gRPC server the runtime starts and every channel it opens, with the job's credential.
 
-I/O. :func:`make_server` installs the one server interceptor (:class:`TokenInterceptor`) and
-:func:`listen` binds a port (TLS with client certificates when the credential has TLS files,
-else plain TCP); :func:`open_channel` wraps a channel in the one client interceptor
-(:class:`TokenAttacher`) that puts ``authorization: Bearer <token>`` on every call. A call
-without the token, or with a wrong one, is answered ``UNAUTHENTICATED`` before its request is
-deserialized (a refused 200 MB push is never parsed). The check is once per call, not per
-message, so a weight stream pays it once.
+I/O. :func:`make_server` (:func:`make_aio_server` for asyncio) installs the one server interceptor
+(:class:`TokenInterceptor`) and :func:`listen` binds a port (TLS with client certificates when
+the credential has TLS files, else plain TCP); :func:`open_channel` wraps a channel in the one
+client interceptor (:class:`TokenAttacher`) that puts ``authorization: Bearer <token>`` on every
+call. A call without the token, or with a wrong one, is answered ``UNAUTHENTICATED`` before its
+request is deserialized (a refused 200 MB push is never parsed). The check is once per call, not
+per message, so a weight stream pays it once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
 import grpc
+import grpc.aio
 
 from rlkube.security.credential import METADATA_KEY, SCHEME, Credential
 
@@ -63,7 +64,12 @@ class TokenInterceptor(grpc.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
+        return self.checked(continuation(handler_call_details), handler_call_details)
+
+    def checked(
+        self, handler: grpc.RpcMethodHandler | None, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        """``handler`` if the call presents an accepted token, else one that refuses it."""
         if handler is None:
             return None
         presented = _presented(handler_call_details.invocation_metadata)  # type: ignore[attr-defined]
@@ -71,6 +77,24 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return handler
         self.refused += 1
         return _refusal(handler, MISSING_TOKEN if presented is None else WRONG_TOKEN)
+
+
+class AioTokenInterceptor(grpc.aio.ServerInterceptor):
+    """:class:`TokenInterceptor` for a ``grpc.aio`` server (the same check)."""
+
+    def __init__(self, credential: Credential) -> None:
+        self.check = TokenInterceptor(credential)
+
+    @property
+    def refused(self) -> int:
+        return self.check.refused
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        return self.check.checked(await continuation(handler_call_details), handler_call_details)
 
 
 class _WithToken:
@@ -151,7 +175,20 @@ def make_server(
     )
 
 
-def listen(server: grpc.Server, address: str, credential: Credential) -> int:
+def make_aio_server(
+    credential: Credential, *, executor: futures.ThreadPoolExecutor, options: Sequence[tuple[str, Any]]
+) -> grpc.aio.Server:
+    """:func:`make_server` for asyncio (create it on its loop): ``async def`` handlers run on the
+    loop, the others on ``executor``."""
+    interceptors = [AioTokenInterceptor(credential)] if credential.enforced else []
+    return grpc.aio.server(
+        executor,
+        options=list(options),
+        interceptors=interceptors,
+    )
+
+
+def listen(server: grpc.Server | grpc.aio.Server, address: str, credential: Credential) -> int:
     """Bind ``address`` (mutual TLS when the credential has TLS files); the port, or OSError."""
     if credential.tls is not None:
         tls = credential.tls
