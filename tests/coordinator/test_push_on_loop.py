@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -50,12 +51,16 @@ class HeldSyncs:
 
 
 @asynccontextmanager
-async def intake_on_loop(tmp_path: Path) -> AsyncIterator[tuple[AsyncIntake, Coordinator]]:
+async def intake_on_loop(
+    tmp_path: Path, *, inline_below: float = 0.0
+) -> AsyncIterator[tuple[AsyncIntake, Coordinator]]:
+    """An intake whose syncs run on a thread (``inline_below`` 0) unless told otherwise."""
     coordinator = Coordinator(tiny_job(stepsPerEpoch=64), world_size=1)  # four fragments an epoch
     coordinator.journal = AckJournal(tmp_path, incarnation=coordinator.incarnation).open()
     coordinator.open_epoch(epoch=0, version=0)
     with ThreadPoolExecutor(1) as syncer:
-        yield AsyncIntake(coordinator, GroupSync(asyncio.get_running_loop(), syncer)), coordinator
+        group_sync = GroupSync(asyncio.get_running_loop(), syncer, inline_below=inline_below)
+        yield AsyncIntake(coordinator, group_sync), coordinator
 
 
 def leased(coordinator: Coordinator, pods: int) -> Iterator[tuple[str, TaskSpec]]:
@@ -169,5 +174,57 @@ def test_a_retry_during_the_sync_is_a_duplicate_even_if_the_first_caller_left(
             assert len(coordinator.buffer) == 1
             assert coordinator.journal is not None
             assert coordinator.journal.acknowledged == 1
+
+    asyncio.run(scenario())
+
+
+def test_fast_syncs_run_on_the_loop_after_the_pushes_ready_then_and_slow_ones_on_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = {"seconds": 0.0}
+
+    def fdatasync(fd: int) -> None:  # instant, or at least ``seconds`` whatever the machine
+        if slow["seconds"]:
+            time.sleep(slow["seconds"])
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    async def scenario() -> None:
+        async with intake_on_loop(tmp_path, inline_below=0.5) as (intake, coordinator):
+            pairs = list(leased(coordinator, 4))
+
+            def pushed(index: int) -> Awaitable[PushOutcome]:
+                worker, task = pairs[index]
+                return intake.push(task_id=task.task_id, worker_id=worker, fragment=pushed_fragment(1.0))
+
+            assert await asyncio.gather(pushed(0), pushed(1)) == [PushOutcome(accepted=True)] * 2
+            assert (intake.group_sync.syncs, intake.group_sync.syncs_on_loop) == (1, 1)  # both in one
+            slow["seconds"] = 0.6
+            assert await pushed(2) == PushOutcome(accepted=True)  # on the loop: it was fast before
+            assert await pushed(3) == PushOutcome(accepted=True)  # on the thread: the last was slow
+            assert (intake.group_sync.syncs, intake.group_sync.syncs_on_loop) == (3, 2)
+            assert len(coordinator.buffer) == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_sync_on_the_loop_acknowledges_none_of_its_pushes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fdatasync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    async def scenario() -> None:
+        async with intake_on_loop(tmp_path, inline_below=1.0) as (intake, coordinator):
+            monkeypatch.setattr(os, "fdatasync", fdatasync)
+            pushes = [
+                intake.push(task_id=task.task_id, worker_id=worker, fragment=pushed_fragment(1.0))
+                for worker, task in leased(coordinator, 2)
+            ]
+            answers = await asyncio.gather(*pushes, return_exceptions=True)
+            assert all(isinstance(answer, OSError) for answer in answers), answers
+            assert intake.group_sync.syncs_on_loop == 1
+            assert coordinator.journal_error is not None
+            assert len(coordinator.buffer) == 0
 
     asyncio.run(scenario())
