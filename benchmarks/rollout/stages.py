@@ -36,6 +36,9 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("trajectory_problem", "edge checks (spaces, finiteness, schema)"),
     ("RolloutBuffer.add", "buffer insert"),
     ("Coordinator.push (", "push: bookkeeping + coordinator lock"),
+    ("Coordinator.stage_push (", "push: checks, board + coordinator lock"),
+    ("Coordinator.complete_push (", "push: acknowledge (buffer, progress)"),
+    ("GroupSync", "journal: sync scheduling on the loop"),
     ("Coordinator.lease (", "lease: coordinator lock + long poll"),
     ("wait_batch", "engine: waiting for a step's fragments"),
     ("take_epoch", "engine: take the step"),
@@ -43,6 +46,8 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("PolicyGroupServicer", "servicer"),
     ("EvalWorker._serve", "worker loop"),
     ("grpc/_server.py", "gRPC server machinery"),
+    ("grpc/aio/", "gRPC server machinery (asyncio)"),
+    ("asyncio/", "event loop"),
     ("_reap", "reaper (idle)"),
     ("concurrent/futures/thread.py", "idle handler threads"),
 )
