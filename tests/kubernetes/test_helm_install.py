@@ -189,18 +189,24 @@ def test_an_rljob_applied_with_kubectl_trains_to_complete_on_pods_the_node_agent
     manifest.write_text(json.dumps(JOB))
     run_kubectl(release, "apply", "-f", str(manifest))
 
-    wait(release, "-n", JOBS, "--for=jsonpath={.status.phase}=Running", f"rlj/{NAME}", timeout=300)
-    pods = json.loads(
-        run_kubectl(
-            release, "-n", JOBS, "get", "pods", "-l", f"rlkube.io/job-name={NAME}", "-o", "json"
-        ).stdout
-    )["items"]
-    assert pods
-    assert {p["spec"]["nodeName"] for p in pods} <= {"node-0", "node-1"}  # bound by kube-scheduler
+    # The job is small enough to finish between two of the operator's status writes (phase Pending
+    # to Complete), and its pods are removed then (cleanPodPolicy All): the scheduler's events say
+    # where they ran.
     wait(release, "-n", JOBS, "--for=condition=Complete", f"rlj/{NAME}", timeout=600)
     job = json.loads(run_kubectl(release, "-n", JOBS, "get", "rlj", NAME, "-o", "json").stdout)
     assert job["status"]["phase"] == "Complete", job["status"]
     assert job["status"]["progress"]["epoch"] == 3
+    assigned = {
+        event["involvedObject"]["name"]: event["message"].rsplit(" to ", 1)[-1]
+        for event in json.loads(
+            run_kubectl(
+                release, "-n", JOBS, "get", "events", "--field-selector", "reason=Scheduled", "-o", "json"
+            ).stdout
+        )["items"]
+        if event["involvedObject"]["kind"] == "Pod"
+    }
+    assert set(assigned) == {f"{NAME}-train-0", f"{NAME}-eval-0"}, assigned
+    assert set(assigned.values()) <= {"node-0", "node-1"}  # bound by kube-scheduler
     # The operator pod rendered the children: they are its (server-side apply's field manager).
     train = json.loads(
         run_kubectl(
