@@ -36,6 +36,9 @@ KIND = "Lease"
 
 log = logging.getLogger(__name__)
 
+#: Reads and writes a clean stop makes to leave the Lease (a conflict is tried again).
+RELEASE_TRIES = 5
+
 
 class LeadershipLost(Exception):
     """This replica no longer holds the Lease; it must stop acting now."""
@@ -126,18 +129,25 @@ class LeaseElector:
         if not self._leading:
             return
         self._leading = False
-        try:
-            lease = self.kube.get(API_VERSION, KIND, self.namespace, self.name)
-            if lease is None:
+        for attempt in range(RELEASE_TRIES):
+            try:
+                lease = self.kube.get(API_VERSION, KIND, self.namespace, self.name)
+                if lease is None:
+                    return
+                current = LeaseRecord.from_spec(lease.get("spec"))
+                if current.holder != self.identity:
+                    return
+                record = released(current, now=micro_time())
+                self.kube.replace(self._object(record, resource_version=lease["metadata"]["resourceVersion"]))
+                log.info(f"released {self.where}")
                 return
-            current = LeaseRecord.from_spec(lease.get("spec"))
-            if current.holder != self.identity:
-                return
-            record = released(current, now=micro_time())
-            self.kube.replace(self._object(record, resource_version=lease["metadata"]["resourceVersion"]))
-            log.info(f"released {self.where}")
-        except ApiError as exc:  # the standby takes over when the duration runs out instead
-            log.warning(f"could not release {self.where} ({exc})")
+            except ApiError as exc:
+                # A renewal still in flight when the renewing task was cancelled wrote the Lease
+                # between our read and our write (409): read it again. Otherwise the standby takes
+                # over when the duration runs out instead.
+                if exc.status != 409 or attempt == RELEASE_TRIES - 1:
+                    log.warning(f"could not release {self.where} ({exc})")
+                    return
 
     def _object(self, record: LeaseRecord, *, resource_version: str | None) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
