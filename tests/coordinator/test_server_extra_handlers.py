@@ -25,6 +25,7 @@ class Ticks:
     """A stream of ticks until its client leaves, and a call that refuses."""
 
     def __init__(self) -> None:
+        self.waiting = threading.Event()  # past its ticks, waiting while its client is there
         self.told_gone = threading.Event()  # add_callback ran
         self.saw_inactive = threading.Event()  # is_active() turned False while it waited
         self.closed = threading.Event()  # the generator's finally ran
@@ -35,6 +36,7 @@ class Ticks:
             tick = 0
             while True:
                 if tick >= 3:  # then wait, as a fetch waits for a chunk, while the client is there
+                    self.waiting.set()
                     while context.is_active():
                         self.told_gone.wait(0.05)
                     self.saw_inactive.set()
@@ -88,6 +90,7 @@ def test_a_stream_whose_client_leaves_is_told_and_its_generator_closed(
     ticks, channel = served
     stream = call(channel, "Stream", streaming=True)(b"", timeout=DEADLINE)
     assert [next(stream) for _ in range(3)] == [b"tick"] * 3
+    assert ticks.waiting.wait(DEADLINE)
     stream.cancel()
     assert ticks.told_gone.wait(DEADLINE)
     assert ticks.saw_inactive.wait(DEADLINE)
