@@ -10,8 +10,10 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlkube.coordinator.service import CoordinatorServer
 from rlkube.coordinator.state import Coordinator
+from rlkube.health import POD
 from rlkube.security.credential import Credential, new_token
 from rlkube.security.grpc_auth import open_channel
 
@@ -68,7 +70,7 @@ def served() -> Iterator[tuple[Ticks, grpc.Channel]]:
     server = CoordinatorServer(
         Coordinator(tiny_job(), world_size=1),
         address="127.0.0.1:0",
-        extra_handlers=[ticks.handler()],
+        extra_handlers=[ticks.handler(), POD.handler()],
         credential=credential,
     ).start()
     channel = open_channel(f"127.0.0.1:{server.port}", credential)
@@ -103,3 +105,14 @@ def test_an_abort_reaches_the_client_with_its_code_and_details(served: tuple[Tic
         call(channel, "Refuse", streaming=False)(b"layout", timeout=DEADLINE)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert refused.value.details() == "no layout here"
+
+
+def test_a_health_check_of_an_unknown_service_is_answered_not_found(
+    served: tuple[Ticks, grpc.Channel],
+) -> None:
+    _, channel = served
+    with pytest.raises(grpc.RpcError) as answered:
+        health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=DEADLINE
+        )
+    assert answered.value.code() == grpc.StatusCode.NOT_FOUND

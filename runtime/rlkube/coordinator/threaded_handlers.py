@@ -60,6 +60,12 @@ class ThreadContext:
     def invocation_metadata(self) -> Any:
         return self._call.invocation_metadata()
 
+    def set_code(self, code: grpc.StatusCode) -> None:  # grpc_health's Check of an unknown service
+        self._call.set_code(code)
+
+    def set_details(self, details: str) -> None:
+        self._call.set_details(details)
+
     def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         raise _Aborted(code, details)
 
