@@ -315,18 +315,24 @@ class Fragment(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch: _Optional[_Union[TensorBatch, _Mapping]] = ..., episodes: _Optional[_Union[EpisodeStats, _Mapping]] = ..., env_steps: _Optional[int] = ..., rollout_seconds: _Optional[float] = ..., weight_wait_seconds: _Optional[float] = ..., lease_next: _Optional[bool] = ...) -> None: ...
 
 class PushAck(_message.Message):
-    __slots__ = ("accepted", "duplicate", "reason", "fragments_acked", "next")
+    __slots__ = ("accepted", "duplicate", "reason", "fragments_acked", "next", "task_id", "code", "detail")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     FRAGMENTS_ACKED_FIELD_NUMBER: _ClassVar[int]
     NEXT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     duplicate: bool
     reason: str
     fragments_acked: int
     next: Task
-    def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., reason: _Optional[str] = ..., fragments_acked: _Optional[int] = ..., next: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+    task_id: str
+    code: int
+    detail: str
+    def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., reason: _Optional[str] = ..., fragments_acked: _Optional[int] = ..., next: _Optional[_Union[Task, _Mapping]] = ..., task_id: _Optional[str] = ..., code: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class PullShardRequest(_message.Message):
     __slots__ = ("epoch", "rank", "world_size", "wait_seconds")

@@ -269,6 +269,11 @@ class PolicyGroupStub:
                 request_serializer=policy__group__pb2.Fragment.SerializeToString,
                 response_deserializer=policy__group__pb2.PushAck.FromString,
                 _registered_method=True)
+        self.PushFragments = channel.stream_stream(
+                '/rlkube.v1.PolicyGroup/PushFragments',
+                request_serializer=policy__group__pb2.Fragment.SerializeToString,
+                response_deserializer=policy__group__pb2.PushAck.FromString,
+                _registered_method=True)
         self.PullShard = channel.unary_stream(
                 '/rlkube.v1.PolicyGroup/PullShard',
                 request_serializer=policy__group__pb2.PullShardRequest.SerializeToString,
@@ -320,6 +325,16 @@ class PolicyGroupServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushFragments(self, request_iterator, context):
+        """An eval worker's pushes on one stream for as long as it runs: each Fragment is answered by one
+        PushAck naming its task_id, with PushFragment's meaning (acknowledged once durable; a resent
+        task is a duplicate). A push refused for its content is answered, not the stream ended. Rank 0
+        reads at most a few pushes ahead of their answers per stream (the rest wait in flow control).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PullShard(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -362,6 +377,11 @@ def add_PolicyGroupServicer_to_server(servicer, server):
             ),
             'PushFragment': grpc.unary_unary_rpc_method_handler(
                     servicer.PushFragment,
+                    request_deserializer=policy__group__pb2.Fragment.FromString,
+                    response_serializer=policy__group__pb2.PushAck.SerializeToString,
+            ),
+            'PushFragments': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushFragments,
                     request_deserializer=policy__group__pb2.Fragment.FromString,
                     response_serializer=policy__group__pb2.PushAck.SerializeToString,
             ),
@@ -536,6 +556,33 @@ class PolicyGroup:
             request,
             target,
             '/rlkube.v1.PolicyGroup/PushFragment',
+            policy__group__pb2.Fragment.SerializeToString,
+            policy__group__pb2.PushAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushFragments(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rlkube.v1.PolicyGroup/PushFragments',
             policy__group__pb2.Fragment.SerializeToString,
             policy__group__pb2.PushAck.FromString,
             options,

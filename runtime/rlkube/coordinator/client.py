@@ -18,7 +18,8 @@ import grpc
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
-from rlkube.coordinator.wire import PUSH_METHOD, EncodedFragment
+from rlkube.coordinator.push_stream import PushRequest, PushStream, StreamUnsupported
+from rlkube.coordinator.wire import PUSH_METHOD, PUSH_STREAM_METHOD, EncodedFragment
 from rlkube.security.credential import Credential, process_credential
 from rlkube.security.grpc_auth import open_channel
 from rlkube.weights.wire import CHANNEL_OPTIONS
@@ -33,9 +34,6 @@ RETRYABLE = frozenset(
 )
 #: Deadline of one ordinary call; long polls add their wait to it.
 CALL_TIMEOUT = 10.0
-
-#: What a push sends: a message, or one an eval worker serialized with one copy of its tensors.
-PushRequest = pb.Fragment | EncodedFragment
 
 
 def serialize_push(request: PushRequest) -> bytes:
@@ -62,8 +60,18 @@ class PolicyGroupClient:
             response_deserializer=pb.PushAck.FromString,
             _registered_method=True,
         )
+        self.pushes = PushStream(
+            self._channel.stream_stream(
+                PUSH_STREAM_METHOD,
+                request_serializer=serialize_push,
+                response_deserializer=pb.PushAck.FromString,
+                _registered_method=True,
+            ),
+            token=self.credential.token,
+        )
 
     def close(self) -> None:
+        self.pushes.close()
         self._channel.close()
 
     def __enter__(self) -> PolicyGroupClient:
@@ -140,11 +148,20 @@ class PolicyGroupClient:
         # Retrying a push is safe: the coordinator acknowledges each task once (duplicates are flagged).
         return self.call(
             "PushFragment",
-            lambda t: self.stub.PushFragment(fragment, timeout=t),
+            lambda t: self._push_once(fragment, timeout=t),
             timeout=CALL_TIMEOUT + _size(fragment) / 50e6,
             retry_for=retry_for,
             should_stop=should_stop,
         )
+
+    def _push_once(self, fragment: PushRequest, *, timeout: float) -> pb.PushAck:
+        """One try: on the worker's push stream, or unary where the coordinator predates it."""
+        if self.pushes.supported:
+            try:
+                return self.pushes.push(fragment, timeout=timeout)
+            except StreamUnsupported:
+                logger.info("the coordinator at %s has no PushFragments: pushing unary", self.address)
+        return self.stub.PushFragment(fragment, timeout=timeout)
 
     def report_loaded(self, request: pb.ReportLoadedRequest) -> pb.ReportLoadedResponse:
         return self.call("ReportLoaded", lambda t: self.stub.ReportLoaded(request, timeout=t))

@@ -4,7 +4,7 @@ No network I/O, no threads. ``rlkube run --in-process`` runs the cluster's eval 
 :class:`InProcessClient`: every call goes through the very :class:`PolicyGroupServicer` methods
 the gRPC server runs (the same translation, validation and answers), with a
 :class:`InProcessContext` standing in for gRPC's servicer context. An ``abort`` becomes an
-:class:`InProcessRpcError` carrying the status code, which :meth:`PolicyGroupClient.call` turns
+:class:`RpcStatusError` carrying the status code, which :meth:`PolicyGroupClient.call` turns
 into the same :class:`CoordinatorError` a remote call raises, so the worker handles both alike.
 Messages are passed as objects: nothing is serialised.
 
@@ -19,7 +19,9 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
+from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import PolicyGroupClient
+from rlkube.coordinator.push_stream import PushRequest, RpcStatusError
 from rlkube.coordinator.service import PolicyGroupServicer
 from rlkube.coordinator.state import Coordinator
 from rlkube.coordinator.wire import EncodedFragment
@@ -30,20 +32,6 @@ R = TypeVar("R")
 IN_PROCESS_PEER = "in-process"
 
 
-class InProcessRpcError(grpc.RpcError):
-    """A servicer's ``abort`` as seen by the client: ``code()`` and ``details()`` as gRPC gives them."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
 class InProcessContext:
     """The parts of ``grpc.ServicerContext`` the servicer uses, for a call made in this process."""
 
@@ -51,7 +39,7 @@ class InProcessContext:
         self._metadata = tuple(metadata)
 
     def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
-        raise InProcessRpcError(code, details)
+        raise RpcStatusError(code, details)
 
     def time_remaining(self) -> float | None:
         return None  # no deadline: the servicer's own bounds (MAX_POLL_SECONDS) apply
@@ -100,6 +88,9 @@ class InProcessClient(PolicyGroupClient):
         self.address = IN_PROCESS_PEER
         self.coordinator = coordinator
         self.stub = InProcessStub(PolicyGroupServicer(coordinator), metadata=metadata)  # type: ignore[assignment]
+
+    def _push_once(self, fragment: PushRequest, *, timeout: float) -> pb.PushAck:
+        return self.stub.PushFragment(fragment, timeout=timeout)  # one call each: nothing to set up
 
     def close(self) -> None:
         pass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from typing import Any, TypeVar
@@ -33,7 +33,7 @@ from rlkube.coordinator.threaded_handlers import OnLoop
 from rlkube.coordinator.wire import SERVICE, ReceivedPush, batch_to_proto, fragment_from_proto, read_push
 from rlkube.data.wire import WireError
 from rlkube.security.credential import Credential, process_credential
-from rlkube.security.grpc_auth import listen, make_aio_server
+from rlkube.security.grpc_auth import WRONG_TOKEN, listen, make_aio_server, presented_token
 from rlkube.weights.consistency import WorkerLoad
 from rlkube.weights.wire import MAX_MESSAGE_BYTES, abort
 
@@ -116,11 +116,29 @@ def push_arguments(pushed: pb.Fragment | ReceivedPush) -> dict[str, Any]:
     }
 
 
+#: Pushes one PushFragments stream may have read and not yet answered; its next waits in gRPC's
+#: flow control. A worker has at most ``task_stream.PUSH_CREDITS`` in flight; this bounds a client
+#: that does not wait for its answers.
+STREAM_PUSHES_AHEAD = 8
+
+
+class PushStreamRevoked(Exception):
+    """The token a push stream was opened with is no longer accepted (a rotated Secret)."""
+
+
 class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
-    def __init__(self, coordinator: Coordinator, intake: AsyncIntake | None = None) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        intake: AsyncIntake | None = None,
+        *,
+        credential: Credential | None = None,
+    ) -> None:
         self.coordinator = coordinator
         #: Pushes on an event loop (the server's); None: blocking pushes (in-process calls).
         self.intake = intake
+        #: Checked again for each push on a stream (the interceptor checks a call once, when it opens).
+        self.credential = credential
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         return answer(context, lambda: self._register(request))
@@ -226,6 +244,62 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
             await context.abort(*found)
             raise AssertionError("unreachable: ServicerContext.abort raises") from None
 
+    async def PushFragmentsOnLoop(
+        self,
+        requests: AsyncIterator[pb.Fragment | ReceivedPush],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.PushAck]:
+        """A worker's pushes on one stream, each answered as PushFragment answers it (a refusal in
+        the answer's ``code``/``detail``), in the order they are made durable."""
+        intake = self.intake
+        assert intake is not None, "served by an asyncio server only"
+        presented = presented_token(context.invocation_metadata()) or ""
+        room = asyncio.Semaphore(STREAM_PUSHES_AHEAD)
+        # Answer tasks as they finish; the reader itself once the requests end (or it failed).
+        finished: asyncio.Queue[asyncio.Task[Any]] = asyncio.Queue()
+        answering: set[asyncio.Task[pb.PushAck]] = set()
+
+        async def read() -> None:
+            async for request in requests:
+                if self.credential is not None and not self.credential.accepts(presented):
+                    raise PushStreamRevoked
+                await room.acquire()
+                answer = asyncio.ensure_future(self._answer_on_stream(intake, request))
+                answering.add(answer)
+                answer.add_done_callback(finished.put_nowait)
+
+        reader = asyncio.ensure_future(read())
+        reader.add_done_callback(finished.put_nowait)
+        try:
+            while not (reader.done() and not answering):
+                done = await finished.get()
+                if done is reader:
+                    continue
+                answering.discard(done)
+                room.release()
+                yield done.result()  # a fault of ours (a failed sync) ends the stream, as it ends a call
+            reader.result()
+        except PushStreamRevoked:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, WRONG_TOKEN)
+        finally:
+            reader.cancel()
+            for answer in answering:
+                answer.cancel()  # the push itself completes (AsyncIntake shields it); its answer is dropped
+
+    async def _answer_on_stream(self, intake: AsyncIntake, request: pb.Fragment | ReceivedPush) -> pb.PushAck:
+        message = request.message if isinstance(request, ReceivedPush) else request
+        try:
+            arguments = push_arguments(request)
+            ack = self._ack(await intake.push(**arguments), arguments)
+        except Exception as exc:
+            found = refusal_of(exc)
+            if found is None:
+                raise
+            code, detail = found
+            return pb.PushAck(task_id=message.task_id, code=code.value[0], detail=detail)
+        ack.task_id = message.task_id
+        return ack
+
     def _ack(self, outcome: PushOutcome, arguments: dict[str, Any]) -> pb.PushAck:
         return pb.PushAck(
             accepted=outcome.accepted,
@@ -280,6 +354,12 @@ def add_policy_group(servicer: PolicyGroupServicer, server: grpc.Server | grpc.a
         request_deserializer=read_push,
         response_serializer=pb.PushAck.SerializeToString,
     )
+    if servicer.intake is not None:  # else the generated UNIMPLEMENTED: clients then push unary
+        methods["PushFragments"] = grpc.stream_stream_rpc_method_handler(
+            servicer.PushFragmentsOnLoop,
+            request_deserializer=read_push,
+            response_serializer=pb.PushAck.SerializeToString,
+        )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
     server.add_registered_method_handlers(SERVICE, methods)
 
@@ -404,7 +484,8 @@ class CoordinatorServer:
             ),
         )
         self.intake = AsyncIntake(self.coordinator, GroupSync(asyncio.get_running_loop(), self._syncer))
-        add_policy_group(PolicyGroupServicer(self.coordinator, self.intake), server)
+        servicer = PolicyGroupServicer(self.coordinator, self.intake, credential=self.credential)
+        add_policy_group(servicer, server)
         if self.extra_handlers:
             server.add_generic_rpc_handlers(
                 [OnLoop(handler, self._handlers) for handler in self.extra_handlers]

@@ -21,9 +21,10 @@ from rlkube.data.fragment import Fragment
 from rlkube.data.protowire import LENGTH_DELIMITED, MalformedMessage, field_header
 from rlkube.data.wire import Manifest, Received, TensorMeta, decode, encode, payload_pieces, plan
 
-#: The PolicyGroup service, and the one method both ends frame themselves (client and server).
+#: The PolicyGroup service, and the methods whose requests both ends frame themselves (client and server).
 SERVICE = pb.DESCRIPTOR.services_by_name["PolicyGroup"].full_name
 PUSH_METHOD = f"/{SERVICE}/PushFragment"
+PUSH_STREAM_METHOD = f"/{SERVICE}/PushFragments"
 
 _BATCH_FIELD = pb.Fragment.DESCRIPTOR.fields_by_name["batch"].number
 _PAYLOAD_FIELD = pb.TensorBatch.DESCRIPTOR.fields_by_name["payload"].number

@@ -25,7 +25,8 @@ MISSING_TOKEN = "this job's credential is required (authorization: Bearer <token
 WRONG_TOKEN = "the credential presented is not this job's"
 
 
-def _presented(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+def presented_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+    """The token a call's metadata presents ('' for another scheme), or None: none presented."""
     for key, value in metadata or ():
         if key == METADATA_KEY:
             text = value.decode(errors="replace") if isinstance(value, bytes) else value
@@ -72,7 +73,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
         """``handler`` if the call presents an accepted token, else one that refuses it."""
         if handler is None:
             return None
-        presented = _presented(handler_call_details.invocation_metadata)  # type: ignore[attr-defined]
+        presented = presented_token(handler_call_details.invocation_metadata)  # type: ignore[attr-defined]
         if presented is not None and self.credential.accepts(presented):
             return handler
         self.refused += 1
