@@ -24,6 +24,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("PolicyGroupClient.lease", "worker: LeaseTask round trip"),
     ("PolicyGroupClient.push", "worker: PushFragment round trip"),
     ("_WithToken.__call__", "worker: waiting for rank 0's answer"),
+    ("PushStream.push", "worker: waiting for rank 0's answer"),
     ("fragment_to_proto", "encode (TensorDict -> message)"),
     ("sync_through", "journal: sync (shared by the pushes waiting)"),
     ("Segment.append", "journal: append the entry"),

@@ -4,7 +4,8 @@ Driven as a worker drives it (``PolicyGroupClient.push``) against the real serve
 push is answered with its status and the stream goes on; a rank-0 restart moves the pushes to a
 new stream (a resent push is a duplicate); a rotated token opens a new stream and a revoked one
 is refused; an older coordinator without the method is pushed to unary. The client's matching of
-answers to pushes is checked against a stream that answers out of order.
+answers to pushes is checked against a stream that answers out of order, and a stream that never
+answers (a connection dead without a word) is given up for a new one, its pushes retried.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import grpc
 import pytest
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube.coordinator.client import PolicyGroupClient
-from rlkube.coordinator.push_stream import PushStream
+from rlkube.coordinator.push_stream import PushStream, RpcStatusError
 from rlkube.coordinator.service import CoordinatorServer, PolicyGroupServicer, add_policy_group
 from rlkube.coordinator.state import Coordinator
 from rlkube.security import credential as credential_module
@@ -192,3 +193,72 @@ def test_answers_reach_their_pushes_whatever_their_order() -> None:
     stream.close()
     assert len(calls) == 1
     assert calls[0].cancelled.is_set()
+
+
+class Silent:
+    """A PushFragments call on a connection that died without a word: no answer until cancelled."""
+
+    def __init__(self, requests: Iterator[Any]) -> None:
+        self.cancelled = threading.Event()
+        self.sent = threading.Event()  # a push went out on it
+        self.reading = threading.Thread(target=self._read, args=(requests,), daemon=True)
+        self.reading.start()
+
+    def _read(self, requests: Iterator[Any]) -> None:
+        for _ in requests:
+            self.sent.set()
+
+    def __iter__(self) -> Iterator[pb.PushAck]:
+        self.cancelled.wait()
+        raise RpcStatusError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+def test_a_push_without_an_answer_in_time_moves_the_pushes_to_a_new_stream() -> None:
+    calls: list[Any] = []
+    first = Silent(iter(()))  # replaced below by the first stream opened
+
+    def open_stream(requests: Iterator[Any]) -> Any:
+        nonlocal first
+        calls.append(Silent(requests) if not calls else OutOfOrder(requests))
+        if len(calls) == 1:
+            first = calls[0]
+            opened.set()
+        return calls[-1]
+
+    opened = threading.Event()
+
+    stream = PushStream(open_stream, token=lambda: "t")
+    codes: list[grpc.StatusCode] = []
+
+    def push(task_id: str, timeout: float) -> None:
+        try:
+            stream.push(pb.Fragment(task_id=task_id), timeout=timeout)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+
+    waiting = threading.Thread(target=push, args=("in-flight", 60.0))
+    waiting.start()
+    assert opened.wait(10.0)
+    assert first.sent.wait(10.0)
+    push("timed-out", 0.2)
+    waiting.join(timeout=10.0)
+    # The one that timed out says so; the other on the same stream is to be pushed again (retryable).
+    assert sorted(codes, key=str) == [grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE]
+    assert calls[0].cancelled.is_set()
+    answers: list[str] = []
+    pushers = [
+        threading.Thread(
+            target=lambda t=t: answers.append(stream.push(pb.Fragment(task_id=t), timeout=10.0).task_id)
+        )
+        for t in ("again-1", "again-2")
+    ]
+    for pusher in pushers:
+        pusher.start()
+    for pusher in pushers:
+        pusher.join(timeout=10.0)
+    assert sorted(answers) == ["again-1", "again-2"]
+    assert stream.opened == 2
+    stream.close()

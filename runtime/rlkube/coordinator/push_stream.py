@@ -8,7 +8,9 @@ PushFragment would end its call with, so :meth:`PushStream.push` raises the same
 
 The stream is opened on first use and again after it breaks (rank 0 restarted: the pushes in
 flight fail UNAVAILABLE and are retried on the new stream, where the coordinator recognises any
-already acknowledged as duplicates) or once this process's token changes (a rotated Secret: the
+already acknowledged as duplicates), after a push got no answer in its time (the connection may
+have died without a word: the stream is closed and the pushes on it retried), or once this
+process's token changes (a rotated Secret: the
 stream was authenticated with the old one). A coordinator without the method (an older rank 0)
 answers UNIMPLEMENTED: :attr:`PushStream.supported` turns False and the caller pushes unary.
 """
@@ -76,6 +78,7 @@ class _OpenStream:
         self.token = token
         self.error: grpc.RpcError | None = None  # set once the call ended
         self.retired = False  # sends nothing more; the pushes in flight are still answered
+        self._closed = False  # cancelled by us: the pushes in flight are to be pushed again
         self._lock = threading.Lock()
         self._waiting: dict[str, deque[Future[pb.PushAck]]] = {}
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -119,6 +122,8 @@ class _OpenStream:
         except grpc.RpcError as exc:
             error = exc
         with self._lock:
+            if self._closed:  # not the coordinator's answer: what was in flight is retried elsewhere
+                error = RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the push stream was closed")
             self.error = error
             orphans = [answer for waiting in self._waiting.values() for answer in waiting]
             self._waiting.clear()
@@ -134,6 +139,8 @@ class _OpenStream:
         self._outbox.put(_END)
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self.retire()
         self._call.cancel()
         self._reader.join(timeout=5.0)
@@ -162,6 +169,7 @@ class PushStream:
             ack = answer.result(timeout=timeout)
         except FutureTimeout:
             stream.forget(request.task_id, answer)
+            self._drop(stream)  # a stream on a connection that died silently would never answer
             raise RpcStatusError(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer to {request.task_id} within {timeout:.0f}s"
             ) from None
@@ -188,6 +196,13 @@ class PushStream:
             self._stream = _OpenStream(self._open_stream, token)
             self.opened += 1
             return self._stream
+
+    def _drop(self, stream: _OpenStream) -> None:
+        """Close ``stream`` (its pushes in flight fail UNAVAILABLE and are retried on a new one)."""
+        with self._lock:
+            if self._stream is stream:
+                self._stream = None
+        stream.close()
 
     def close(self) -> None:
         with self._lock:
