@@ -8,7 +8,8 @@ rank 0 answer twice per fragment. Here:
   acknowledgement (``PushAck.next``): one round trip per fragment in steady state;
 * pushes go out on sender threads while the worker rolls out its next fragment: at most
   ``credits`` pushes are in flight (:data:`PUSH_CREDITS`), so :meth:`TaskStream.push` waits only
-  when that many are unanswered. Rank 0 journals concurrent pushes in parallel (their syncs share
+  when that many are unanswered. They travel on the worker's one PushFragments stream
+  (``coordinator.push_stream``), not a call each. Rank 0 journals concurrent pushes in parallel (their syncs share
   the file system's commits), so a second credit keeps a worker going while one push waits on the
   disk. Its next task is leased at once if no answer has brought one yet, so a worker holds at most
   ``credits`` tasks beyond the one it rolls out (released to the others like any lease if it leaves).
