@@ -131,6 +131,21 @@ def test_a_rotated_token_opens_a_new_stream_and_a_revoked_one_is_refused(
         server.stop(grace=0.5)
 
 
+def test_a_coordinator_open_to_calls_without_a_credential_takes_pushes_on_the_stream() -> None:
+    coordinator = Coordinator(parse_job(JOB), spaces=CARTPOLE_SPACES)
+    coordinator.open_epoch(epoch=1, version=0)
+    server = CoordinatorServer(coordinator, address="127.0.0.1:0", credential=Credential()).start()
+    try:
+        with PolicyGroupClient(f"127.0.0.1:{server.port}", credential=Credential()) as client:
+            worker_id = register(client, "cartpole-eval-0")
+            message = push_message(client.lease(worker_id, wait_seconds=1.0), worker_id)
+            assert client.push(message, retry_for=0).accepted
+            assert client.pushes.supported
+    finally:
+        coordinator.finish()
+        server.stop(grace=0.5)
+
+
 def test_a_coordinator_without_the_stream_is_pushed_to_one_call_each() -> None:
     credential = Credential.of_token(new_token())
     coordinator = Coordinator(parse_job(JOB), spaces=CARTPOLE_SPACES)

@@ -254,6 +254,7 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
         intake = self.intake
         assert intake is not None, "served by an asyncio server only"
         presented = presented_token(context.invocation_metadata()) or ""
+        checked = self.credential if self.credential is not None and self.credential.enforced else None
         room = asyncio.Semaphore(STREAM_PUSHES_AHEAD)
         # Answer tasks as they finish; the reader itself once the requests end (or it failed).
         finished: asyncio.Queue[asyncio.Task[Any]] = asyncio.Queue()
@@ -261,7 +262,7 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
 
         async def read() -> None:
             async for request in requests:
-                if self.credential is not None and not self.credential.accepts(presented):
+                if checked is not None and not checked.accepts(presented):
                     raise PushStreamRevoked
                 await room.acquire()
                 answer = asyncio.ensure_future(self._answer_on_stream(intake, request))
