@@ -1,7 +1,8 @@
 """``rlkube bench auth``: what the per-job credential costs on the weight stream and the trajectory push.
 
 Side by side in one process run, interleaved round by round: the same WeightStore fetch and the
-same PushFragment against a server without the token interceptor ("open") and one with it
+same push (on the worker's PushFragments stream, where the token is checked when the stream opens
+and again for each push) against a server without the token interceptor ("open") and one with it
 ("token"; the client attaches the token with its interceptor), and the per-call cost on the
 cheapest call (Heartbeat, in blocks of 50), which on a loaded machine resolves what the
 end-to-end rows cannot (run ``--aa`` to see their noise floor). Prints the median of each and
