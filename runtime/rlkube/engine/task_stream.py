@@ -9,10 +9,11 @@ rank 0 answer twice per fragment. Here:
 * pushes go out on sender threads while the worker rolls out its next fragment: at most
   ``credits`` pushes are in flight (:data:`PUSH_CREDITS`), so :meth:`TaskStream.push` waits only
   when that many are unanswered. They travel on the worker's one PushFragments stream
-  (``coordinator.push_stream``), not a call each. Rank 0 journals concurrent pushes in parallel (their syncs share
-  the file system's commits), so a second credit keeps a worker going while one push waits on the
-  disk. Its next task is leased at once if no answer has brought one yet, so a worker holds at most
-  ``credits`` tasks beyond the one it rolls out (released to the others like any lease if it leaves).
+  (``coordinator.push_stream``), not a call each. Rank 0 journals concurrent pushes in parallel
+  (their syncs share the file system's commits), so a second credit keeps a worker going while
+  one push waits on the disk. Its next task is leased at once if no answer has brought one yet,
+  so a worker holds at most ``credits`` tasks beyond the one it rolls out (released to the others
+  like any lease if it leaves).
 
 Guarantees are the coordinator's and unchanged: a push is acknowledged only once durable, retried
 pushes are recognised as duplicates, and a task's ``min_version`` is honoured when it starts.
