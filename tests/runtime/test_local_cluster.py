@@ -122,8 +122,11 @@ def test_a_killed_train_rank_makes_the_job_resume_from_the_last_checkpoint(local
     assert killed_at is not None
     assert summary["resumed_from_epoch"] is not None
     assert 4 <= summary["resumed_from_epoch"] <= killed_at.epoch + 1
-    assert summary["resumed_from_epoch"] % 2 == 0  # saveInterval 2
     log = (run.run_dir / "logs" / "small-train-0.log").read_text()
+    # A multiple of saveInterval (2), or the epoch rank 0 saved at when the launcher stopped it
+    # (SIGTERM) after rank 1 died, if it did so before being killed.
+    stopped_at = re.findall(r"stopping at epoch (\d+) \(SIGTERM\); saving a checkpoint", log)
+    assert summary["resumed_from_epoch"] % 2 == 0 or str(summary["resumed_from_epoch"]) in stopped_at
     assert "resumed from" in log
     assert log.count("==== small-train-0 started") == 2
 
