@@ -66,6 +66,22 @@ def test_a_refused_push_is_answered_and_the_stream_goes_on(live: LiveJob) -> Non
     assert live.coordinator.progress.fragments == 1
 
 
+def test_a_worker_pushing_one_call_each_gets_the_same_answers(live: LiveJob) -> None:
+    live.coordinator.open_epoch(epoch=1, version=0)
+    poisoned = trajectories()
+    poisoned["observation"][0, 0, 0] = math.nan
+    with live.client() as client:  # a worker of a release before the stream: unary calls
+        worker_id = register(client, "cartpole-eval-0")
+        task = client.lease(worker_id, wait_seconds=1.0)
+        bad = push_message(task, worker_id, poisoned)
+        assert code_of(lambda: client.stub.PushFragment(bad, timeout=10)) == grpc.StatusCode.INVALID_ARGUMENT
+        good = push_message(client.lease(worker_id, wait_seconds=1.0), worker_id)
+        assert client.stub.PushFragment(good, timeout=10).accepted
+        assert client.stub.PushFragment(good, timeout=10).duplicate
+        assert client.pushes.opened == 0
+    assert live.coordinator.progress.fragments == 1
+
+
 def test_pushes_go_on_a_new_stream_when_rank_0_restarts(live: LiveJob) -> None:
     live.coordinator.open_epoch(epoch=1, version=0)
     port = live.server.port

@@ -64,11 +64,16 @@ class StreamUnsupported(Exception):
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
+def status_code(number: int) -> grpc.StatusCode:
+    """The gRPC status of a ``PushAck.code`` (UNKNOWN for a number gRPC does not define)."""
+    return _CODES.get(number, grpc.StatusCode.UNKNOWN)
+
+
 def refused(ack: pb.PushAck) -> RpcStatusError | None:
     """The refusal an answer carries (``code`` set), or None for an answer."""
     if not ack.code:
         return None
-    return RpcStatusError(_CODES.get(ack.code, grpc.StatusCode.UNKNOWN), ack.detail)
+    return RpcStatusError(status_code(ack.code), ack.detail)
 
 
 class _OpenStream:

@@ -27,6 +27,7 @@ from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
 from rlkube.coordinator.edge import MAX_REQUEST_BYTES, Refusal, Refused, check_name
 from rlkube.coordinator.intake import AsyncIntake, GroupSync
+from rlkube.coordinator.push_stream import status_code
 from rlkube.coordinator.state import STOP, Coordinator, NotRegistered, PushOutcome, ShardGone
 from rlkube.coordinator.tasks import TaskKind, TaskSpec
 from rlkube.coordinator.threaded_handlers import OnLoop
@@ -234,15 +235,11 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
     ) -> pb.PushAck:
         """:meth:`PushFragment` on the server's event loop (``coordinator.intake``)."""
         assert self.intake is not None, "served by an asyncio server only"
-        try:
-            arguments = push_arguments(request)
-            return self._ack(await self.intake.push(**arguments), arguments)
-        except Exception as exc:
-            found = refusal_of(exc)
-            if found is None:
-                raise
-            await context.abort(*found)
-            raise AssertionError("unreachable: ServicerContext.abort raises") from None
+        ack = await self._answer_push(self.intake, request)
+        if ack.code:  # refused: the call ends with the status
+            await context.abort(status_code(ack.code), ack.detail)
+            raise AssertionError("unreachable: ServicerContext.abort raises")
+        return ack
 
     async def PushFragmentsOnLoop(
         self,
@@ -265,7 +262,7 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
                 if checked is not None and not checked.accepts(presented):
                     raise PushStreamRevoked
                 await room.acquire()
-                answer = asyncio.ensure_future(self._answer_on_stream(intake, request))
+                answer = asyncio.ensure_future(self._answer_push(intake, request))
                 answering.add(answer)
                 answer.add_done_callback(finished.put_nowait)
 
@@ -287,7 +284,8 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
             for answer in answering:
                 answer.cancel()  # the push itself completes (AsyncIntake shields it); its answer is dropped
 
-    async def _answer_on_stream(self, intake: AsyncIntake, request: pb.Fragment | ReceivedPush) -> pb.PushAck:
+    async def _answer_push(self, intake: AsyncIntake, request: pb.Fragment | ReceivedPush) -> pb.PushAck:
+        """The answer to one push, naming its task; a refusal as its status in ``code``/``detail``."""
         message = request.message if isinstance(request, ReceivedPush) else request
         try:
             arguments = push_arguments(request)
