@@ -25,6 +25,7 @@ from tensordict import TensorDict
 
 from rlkube._proto import policy_group_pb2 as pb
 from rlkube._proto import policy_group_pb2_grpc as pb_grpc
+from rlkube.coordinator.answer_ahead import answered_ahead
 from rlkube.coordinator.edge import MAX_REQUEST_BYTES, Refusal, Refused, check_name
 from rlkube.coordinator.intake import AsyncIntake, GroupSync
 from rlkube.coordinator.push_stream import status_code
@@ -117,9 +118,9 @@ def push_arguments(pushed: pb.Fragment | ReceivedPush) -> dict[str, Any]:
     }
 
 
-#: Pushes one PushFragments stream may have read and not yet answered; its next waits in gRPC's
-#: flow control. A worker has at most ``task_stream.PUSH_CREDITS`` in flight; this bounds a client
-#: that does not wait for its answers.
+#: Pushes one PushFragments stream may have read and not yet answered (``answer_ahead``); the next
+#: waits unread in gRPC's flow control. A worker has at most ``task_stream.PUSH_CREDITS`` in flight;
+#: this bounds a client that does not wait for its answers.
 STREAM_PUSHES_AHEAD = 8
 
 
@@ -251,38 +252,24 @@ class PolicyGroupServicer(pb_grpc.PolicyGroupServicer):
         intake = self.intake
         assert intake is not None, "served by an asyncio server only"
         presented = presented_token(context.invocation_metadata()) or ""
-        checked = self.credential if self.credential is not None and self.credential.enforced else None
-        room = asyncio.Semaphore(STREAM_PUSHES_AHEAD)
-        # Answer tasks as they finish; the reader itself once the requests end (or it failed).
-        finished: asyncio.Queue[asyncio.Task[Any]] = asyncio.Queue()
-        answering: set[asyncio.Task[pb.PushAck]] = set()
+        checked_by = self.credential if self.credential is not None and self.credential.enforced else None
 
-        async def read() -> None:
+        async def checked() -> AsyncIterator[pb.Fragment | ReceivedPush]:
             async for request in requests:
-                if checked is not None and not checked.accepts(presented):
+                if checked_by is not None and not checked_by.accepts(presented):
                     raise PushStreamRevoked
-                await room.acquire()
-                answer = asyncio.ensure_future(self._answer_push(intake, request))
-                answering.add(answer)
-                answer.add_done_callback(finished.put_nowait)
+                yield request
 
-        reader = asyncio.ensure_future(read())
-        reader.add_done_callback(finished.put_nowait)
+        answers = answered_ahead(
+            checked(), lambda request: self._answer_push(intake, request), ahead=STREAM_PUSHES_AHEAD
+        )
         try:
-            while not (reader.done() and not answering):
-                done = await finished.get()
-                if done is reader:
-                    continue
-                answering.discard(done)
-                room.release()
-                yield done.result()  # a fault of ours (a failed sync) ends the stream, as it ends a call
-            reader.result()
+            async for ack in answers:  # a fault of ours (a failed sync) ends the stream, as it ends a call
+                yield ack
         except PushStreamRevoked:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, WRONG_TOKEN)
         finally:
-            reader.cancel()
-            for answer in answering:
-                answer.cancel()  # the push itself completes (AsyncIntake shields it); its answer is dropped
+            await answers.aclose()  # answers dropped; their pushes still complete (AsyncIntake shields them)
 
     async def _answer_push(self, intake: AsyncIntake, request: pb.Fragment | ReceivedPush) -> pb.PushAck:
         """The answer to one push, naming its task; a refusal as its status in ``code``/``detail``."""
