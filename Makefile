@@ -32,7 +32,7 @@ CLUSTER_ARGS ?=
 # The dev cluster's source root (package rlkube_devcluster): in the repository, not in the wheel.
 DEVCLUSTER := devcluster
 
-.PHONY: demo test test-quick controlplane kueue test-all lint generate cluster bench bench-scaling gpu-check clean
+.PHONY: demo test test-quick controlplane kueue test-all lint generate cluster bench bench-scaling gpu-check wheelhouse clean
 
 $(VENV)/.base: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rlkube needs Python 3.11 or newer")'
@@ -77,7 +77,7 @@ lint: $(VENV)/.dev
 	PYTHONPATH=$(DEVCLUSTER)$${PYTHONPATH:+:$$PYTHONPATH} $(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(VENV)/bin/yamllint --strict -c tests/delivery/yamllint.yaml $(DELIVERY_YAML)
-	$(VENV)/bin/shellcheck $(SHELLCHECK_ARGS) e2e/run.sh benchmarks/gpu_check.sh
+	$(VENV)/bin/shellcheck $(SHELLCHECK_ARGS) e2e/run.sh benchmarks/gpu_check.sh benchmarks/device_session.sh
 	$(VENV)/bin/hadolint Dockerfile
 
 generate: $(VENV)/.dev
@@ -110,6 +110,16 @@ bench-scaling: $(VENV)/.base
 # The GPU acceptance check: rlkube run on the GPU, checkpoint/resume, CUDA weight plane (~5 min).
 gpu-check: $(VENV)/.base
 	bash benchmarks/gpu_check.sh
+
+# Wheels for a machine with no network that already has torch (an air-gapped GPU node, a lent GPU
+# machine): .whl/ for CPython 3.12 on x86-64 Linux, less what WHEELHOUSE_PRESENT says it has.
+# There: pip install --no-index --no-deps --target DIR .whl/*.whl; DIR first on PYTHONPATH.
+# benchmarks/device_session.sh does that and then measures (docs/operations.md, "No network").
+WHEELHOUSE_PRESENT ?= torch==2.11.0 numpy==2.5.2 matplotlib tensorboard pyyaml rich pillow
+WHEELHOUSE_ARGS ?= --python-version 3.12 --leave-out kopf --leave-out kubernetes --budget-mb 56
+wheelhouse: $(VENV)/.base
+	$(PY) scripts/wheelhouse.py --dest .whl $(addprefix --present ,$(WHEELHOUSE_PRESENT)) \
+		$(WHEELHOUSE_ARGS) "gymnasium[mujoco]>=1.1"
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -242,6 +242,17 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def announce(row: dict[str, Any]) -> dict[str, Any]:
+    """Prints a row as it is measured, so a run stopped by a time limit still leaves its figures."""
+    rate = row["env_steps"] / row["seconds"] if row["seconds"] > 0 else 0.0
+    print(
+        f"  measured: {row['method']} {row['engine']} {row['workers']} worker(s): {rate:,.0f} env steps/s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
+
+
 def measure_bounds(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The bound of every request mode, measured in turns ``--bound-repeats`` times; the best of each.
 
@@ -259,7 +270,7 @@ def measure_bounds(args: argparse.Namespace) -> list[dict[str, Any]]:
                 steps_per_epoch=args.steps_per_epoch,
                 requests=requests,
             )
-            row = {**measure_bound(spec, steps), "requests": requests}
+            row = announce({**measure_bound(spec, steps), "requests": requests})
             if requests not in best or row["seconds"] < best[requests]["seconds"]:
                 best[requests] = row
     return list(best.values())
@@ -271,7 +282,7 @@ def measure_requests(args: argparse.Namespace, root: Path, requests: str) -> lis
     base = job(
         engine="sync", workers=1, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, requests=requests
     )
-    rows.append(measure_in_process(base, root))
+    rows.append(announce(measure_in_process(base, root)))
     # --quick (the test that keeps the bench from rotting) runs the second mode once, not the grid
     second = args.quick and requests != args.requests[0]
     for engine in args.engines[:1] if second else args.engines:
@@ -288,7 +299,7 @@ def measure_requests(args: argparse.Namespace, root: Path, requests: str) -> lis
                 file=sys.stderr,
                 flush=True,
             )
-            rows.append(measure_cluster(spec, root, nodes=min(args.nodes, workers)))
+            rows.append(announce(measure_cluster(spec, root, nodes=min(args.nodes, workers))))
     for row in rows:
         row["requests"] = requests
     if not args.no_ray and not second:
