@@ -1,4 +1,7 @@
-"""benchmarks/gpu_check.sh: shellcheck-clean; its CPU fallback runs every section and prints one table."""
+"""benchmarks/gpu_check.sh: its CPU fallback runs every section and prints one table.
+
+Shellcheck: tests/delivery/test_makefile.py.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.delivery.chart import tool
-from tests.delivery.test_e2e_script import SHELLCHECK_ARGS
-
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 
 
-def test_the_script_is_shellcheck_clean_and_linted_by_make_lint() -> None:
-    result = subprocess.run(
-        [tool("shellcheck"), *SHELLCHECK_ARGS, str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_make_gpu_check_runs_the_script() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"shellcheck \$\(SHELLCHECK_ARGS\) .*benchmarks/gpu_check\.sh", makefile)
     assert re.search(r"^gpu-check: .*\n\tbash benchmarks/gpu_check\.sh", makefile, flags=re.M)
 
 
