@@ -119,7 +119,7 @@ WHEELHOUSE_PRESENT ?= torch==2.11.0 numpy==2.5.2 matplotlib tensorboard pyyaml r
 WHEELHOUSE_ARGS ?= --python-version 3.12 --leave-out kopf --leave-out kubernetes --budget-mb 56
 wheelhouse: $(VENV)/.base
 	$(PY) scripts/wheelhouse.py --dest .whl $(addprefix --present ,$(WHEELHOUSE_PRESENT)) \
-		$(WHEELHOUSE_ARGS) "gymnasium[mujoco]>=1.1"
+		$(WHEELHOUSE_ARGS) "gymnasium[mujoco]>=1.1" "py-spy>=0.4"
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

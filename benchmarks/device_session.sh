@@ -6,9 +6,11 @@
 #   sections, in this order (limits in seconds; DEVICE_<NAME>_SECONDS changes one, DEVICE_SECTIONS
 #   picks some, DEVICE_WORKERS the worker counts, default 1 4 8 14):
 #     rollout-cpu 120  rlkube bench rollout, async, batched requests, CUDA hidden: issue #24's table
-#     rollout     120  the same with the learner on the GPU
-#     intake       90  rlkube bench intake, the same counts of producers, training off and 26 us/step
-#     gpu-check   200  make gpu-check's sections (CartPole to target on the GPU, HalfCheetah GPU vs
+#     rollout     110  the same with the learner on the GPU
+#     profile      60  py-spy on train rank 0 and eval worker 0 with the most workers, 10 s
+#                      (python -m benchmarks.rollout.profile; raw profiles in profiles.tar.gz)
+#     intake       45  rlkube bench intake, the same counts of producers, training off
+#     gpu-check   180  make gpu-check's sections (CartPole to target on the GPU, HalfCheetah GPU vs
 #                      CPU learner, checkpoint + SIGKILL + resume, CUDA weight plane, placement)
 #
 # Prepared here (with network), carried there:
@@ -25,14 +27,14 @@ out="${1:-${OUT:-runs/device}}"
 mkdir -p "${out}"
 python="${PYTHON:-python3}"
 read -ra workers <<<"${DEVICE_WORKERS:-1 4 8 14}"
-sections="${DEVICE_SECTIONS:-rollout-cpu rollout intake gpu-check}"
+sections="${DEVICE_SECTIONS:-rollout-cpu rollout profile intake gpu-check}"
 
 wheels="${DEVICE_WHEELS:-.whl}"
 if compgen -G "${wheels}/*.whl" >/dev/null; then
   site="$(mktemp -d /tmp/rlkube-site.XXXXXX)"
   "${python}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "${site}" "${wheels}"/*.whl || { echo "device_session: the wheels in ${wheels} did not install" >&2; exit 2; }
-  export PYTHONPATH="${site}${PYTHONPATH:+:${PYTHONPATH}}"
+  export PYTHONPATH="${site}${PYTHONPATH:+:${PYTHONPATH}}" PATH="${site}/bin:${PATH}"
 fi
 export PYTHONPATH="${root}/runtime:${root}/operator:${root}${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
@@ -55,11 +57,9 @@ import torch
 
 print("cuda available:", torch.cuda.is_available(), torch.cuda.device_count(), "device(s)")
 EOF
-} >"${out}/machine.txt"
-cat "${out}/machine.txt"
-
+} >"${out}/summary.txt"
+cat "${out}/summary.txt"
 summary="${out}/summary.txt"
-: >"${summary}"
 section() {  # section NAME DEFAULT_SECONDS COMMAND...
   local name="$1" limit="$2" started="${SECONDS}" rc
   shift 2
@@ -81,10 +81,13 @@ section() {  # section NAME DEFAULT_SECONDS COMMAND...
   rollout=(-m rlkube.cli bench rollout --workers "${workers[@]}" --engines async --requests batched --no-ray
     --epochs 40 --bound-repeats 2 --ceiling-seconds 0)
   section rollout-cpu 120 env CUDA_VISIBLE_DEVICES= "${python}" "${rollout[@]}"
-  section rollout 120 "${python}" "${rollout[@]}" --json "${out}/rollout-gpu.json"
-  section intake 90 "${python}" -m rlkube.cli bench intake --producers "${workers[@]}" --seconds 3 --warmup 1 \
-    --train-us-per-step 0 26
-  section gpu-check 200 env PYTHON="${python}" GPU_CHECK_TIMEOUT=190 bash benchmarks/gpu_check.sh --epochs 4
+  section rollout 110 "${python}" "${rollout[@]}" --json "${out}/rollout-gpu.json"
+  profiles="$(mktemp -d /tmp/rlkube-profiles.XXXXXX)"
+  section profile 60 "${python}" -m benchmarks.rollout.profile --workers "${workers[-1]}" --seconds 10 \
+    --out "${profiles}"
+  if compgen -G "${profiles}/*" >/dev/null; then tar -czf "${out}/profiles.tar.gz" -C "${profiles}" .; fi
+  section intake 45 "${python}" -m rlkube.cli bench intake --producers "${workers[@]}" --seconds 3 --warmup 1
+  section gpu-check 180 env PYTHON="${python}" GPU_CHECK_TIMEOUT=170 bash benchmarks/gpu_check.sh --epochs 4
 }
 cat "${summary}"
-! grep -q "failed" "${summary}"
+! grep -q ": failed (rc" "${summary}"
