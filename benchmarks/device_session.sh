@@ -30,8 +30,10 @@ read -ra workers <<<"${DEVICE_WORKERS:-1 4 8 14}"
 sections="${DEVICE_SECTIONS:-rollout-cpu rollout profile intake gpu-check}"
 
 wheels="${DEVICE_WHEELS:-.whl}"
+site="$(mktemp -d /tmp/rlkube-site.XXXXXX)"
+profiles="$(mktemp -d /tmp/rlkube-profiles.XXXXXX)"
+trap 'rm -rf "${site}" "${profiles}"' EXIT
 if compgen -G "${wheels}/*.whl" >/dev/null; then
-  site="$(mktemp -d /tmp/rlkube-site.XXXXXX)"
   "${python}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "${site}" "${wheels}"/*.whl || { echo "device_session: the wheels in ${wheels} did not install" >&2; exit 2; }
   export PYTHONPATH="${site}${PYTHONPATH:+:${PYTHONPATH}}" PATH="${site}/bin:${PATH}"
@@ -82,7 +84,6 @@ section() {  # section NAME DEFAULT_SECONDS COMMAND...
     --epochs 40 --bound-repeats 2 --ceiling-seconds 0)
   section rollout-cpu 120 env CUDA_VISIBLE_DEVICES= "${python}" "${rollout[@]}"
   section rollout 110 "${python}" "${rollout[@]}" --json "${out}/rollout-gpu.json"
-  profiles="$(mktemp -d /tmp/rlkube-profiles.XXXXXX)"
   section profile 60 "${python}" -m benchmarks.rollout.profile --workers "${workers[-1]}" --seconds 10 \
     --out "${profiles}"
   if compgen -G "${profiles}/*" >/dev/null; then tar -czf "${out}/profiles.tar.gz" -C "${profiles}" .; fi

@@ -29,6 +29,7 @@ def test_each_section_is_bounded_reported_and_leaves_its_log(tmp_path: Path) -> 
         "RLKUBE_GPU_CHECK_CPU": "1",
     }
     out = tmp_path / "out"
+    scratch = {*Path("/tmp").glob("rlkube-site.*"), *Path("/tmp").glob("rlkube-profiles.*")}
     result = subprocess.run(
         ["bash", str(SCRIPT), str(out)], capture_output=True, text=True, timeout=120, check=False, env=env
     )
@@ -45,3 +46,4 @@ def test_each_section_is_bounded_reported_and_leaves_its_log(tmp_path: Path) -> 
     files = sorted(p.name for p in out.iterdir())
     assert files == ["gpu-check.log", "intake.log", "summary.txt"]
     assert len(files) <= 8  # what a lease brings back
+    assert {*Path("/tmp").glob("rlkube-site.*"), *Path("/tmp").glob("rlkube-profiles.*")} == scratch
