@@ -85,8 +85,9 @@ class Profiler:
 
 
 def find_py_spy(given: str | None) -> str:
-    """``--py-spy``, else on PATH, else beside a ``pip install --target`` directory on sys.path."""
-    candidates = [given] if given else [shutil.which("py-spy")]
+    """``--py-spy``, else on PATH, beside this interpreter (a venv's bin), or in a ``pip install
+    --target`` directory's bin on sys.path."""
+    candidates = [given] if given else [shutil.which("py-spy"), str(Path(sys.executable).parent / "py-spy")]
     candidates += [str(Path(entry) / "bin" / "py-spy") for entry in sys.path if entry]
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
