@@ -5,7 +5,8 @@ I/O. Start-up order is what makes a cluster start in any order:
 1. rank 0 serves the PolicyGroup coordinator at once (before the rendezvous), so eval workers
    and the other ranks can ask for the job's state while ranks are still coming up;
 2. every other rank asks the coordinator first: if the job is already complete it idles, else it
-   waits for ``MASTER_ADDR`` to resolve (DNS of a new pod lags) and joins the rendezvous;
+   waits for ``MASTER_ADDR`` to resolve (DNS of a new pod lags) and joins the rendezvous that the
+   rank 0 running now opened (``launch/rendezvous.py``; never one that formed before it started);
 3. the ranks build the TRAIN policy (DDP-wrapped), gather each other's weight-store addresses,
    start their publishers, and rank 0 resumes from the newest checkpoint and shares it.
 
@@ -26,7 +27,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from rlkube import contract
 from rlkube.contract import CoordinatorPhase, PodEnv
@@ -53,6 +53,7 @@ from rlkube.envs.types import EnvMeta
 from rlkube.health import POD
 from rlkube.launch.devices import bind_train_device
 from rlkube.launch.progress import PlainProgress
+from rlkube.launch.rendezvous import join_process_group
 from rlkube.policy.base import BasePolicy, PolicyRole, seed_everything
 from rlkube.spec import Engine, RLJob
 from rlkube.weights.errors import WriterBusyError
@@ -208,12 +209,14 @@ def run_train_rank(job: RLJob, env: PodEnv, policy_cls: type[BasePolicy], *, sto
         bind_train_device(rank=env.rank, backend=env.backend or "gloo")  # before the group and the policy
         if env.world_size > 1:
             wait_for_dns(env.master_addr, stop=stop, timeout=RENDEZVOUS_TIMEOUT.total_seconds())
-            dist.init_process_group(
+            join_process_group(
                 backend=env.backend or "gloo",
-                init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                master_addr=env.master_addr,
+                master_port=env.master_port,
                 rank=env.rank,
                 world_size=env.world_size,
                 timeout=RENDEZVOUS_TIMEOUT,
+                stop=stop,
             )
         seed_everything(job.spec.train.seed + env.rank)
         policy = policy_cls(job.spec.policy, PolicyRole.TRAIN)
