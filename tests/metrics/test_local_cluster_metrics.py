@@ -36,23 +36,30 @@ def wait_for_restart(run: LocalRun, pod: str, old_pid: int, *, timeout: float) -
     raise AssertionError(f"{pod} did not come back within {timeout:.0f} s")
 
 
-def fragments_sent(run: LocalRun, pod: str) -> float:
+def rolled_out_with_trained_weights(run: LocalRun, pod: str) -> bool:
+    """Whether ``pod`` has sent a fragment and loaded weights of a trained version (1 or later)."""
     try:
-        return scrape(metrics_url(run, pod)).get(("rlkube_eval_fragments_total", ()), 0.0)
+        series = scrape(metrics_url(run, pod))
     except (OSError, KeyError):
-        return 0.0  # not in cluster.json (KeyError) or not serving (OSError) yet
+        return False  # not in cluster.json (KeyError) or not serving (OSError) yet
+    sent = series.get(("rlkube_eval_fragments_total", ()), 0.0)
+    return sent > 0 and series.get(("rlkube_eval_loaded_version", ()), 0.0) >= 1
 
 
-def wait_for_fragments(run: LocalRun, pods: tuple[str, ...], *, timeout: float) -> None:
-    """Until every pod in ``pods`` has sent a fragment (so it has loaded weights and rolled out)."""
+def wait_for_trained_weights(run: LocalRun, pods: tuple[str, ...], *, timeout: float) -> None:
+    """Until every pod in ``pods`` has rolled out and loaded a trained version of the weights.
+
+    A worker that started while only the initial weights (version 0) were published rolls out
+    with them until its receiver brings a newer version; under load that can be after epoch 3.
+    """
     deadline = time.monotonic() + timeout
     waiting = list(pods)
     while waiting and time.monotonic() < deadline:
-        waiting = [pod for pod in waiting if not fragments_sent(run, pod)]
-        assert run.proc.poll() is None, f"the run ended before {waiting} sent a fragment"
+        waiting = [pod for pod in waiting if not rolled_out_with_trained_weights(run, pod)]
+        assert run.proc.poll() is None, f"the run ended before {waiting} loaded trained weights"
         if waiting:
             time.sleep(0.3)
-    assert not waiting, f"{waiting} sent no fragment within {timeout:.0f} s"
+    assert not waiting, f"{waiting} sent no fragment with trained weights within {timeout:.0f} s"
 
 
 def test_rank_zero_and_eval_workers_export_progress_weights_and_trajectories(
@@ -72,7 +79,7 @@ def test_rank_zero_and_eval_workers_export_progress_weights_and_trajectories(
     run.wait_until(
         lambda s: s.epoch >= 3 and s.eval_workers == 2, timeout=180, what="epoch 3 with both eval workers"
     )
-    wait_for_fragments(run, ("small-eval-0", "small-eval-1"), timeout=120)
+    wait_for_trained_weights(run, ("small-eval-0", "small-eval-1"), timeout=120)
 
     train = scrape(metrics_url(run, "small-train-0"))
     epoch = value(train, "rlkube_train_epoch")
