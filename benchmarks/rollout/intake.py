@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from rlkube.data.fragment import Fragment
 from rlkube.data.spaces import TrajectorySpaces
+from rlkube.launch.allocator import keep_large_buffers_in_heap
 from tensordict import TensorDict
 
 
@@ -449,6 +450,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.role in ("rank0", "producer"):
+        keep_large_buffers_in_heap()  # as a pod does (rlkube.launch.pod)
     if args.role == "rank0":
         args.producers = args.producers[0]
         args.train_us_per_step = args.train_us_per_step[0]

@@ -33,6 +33,7 @@ from rlkube.engine.disk import EXIT_DISK_FAULT, describe, is_disk_error
 from rlkube.failure import describe_exception
 from rlkube.health import POD
 from rlkube.jobfile import load_job
+from rlkube.launch.allocator import keep_large_buffers_in_heap
 from rlkube.launch.processes import die_with_supervisor, wait_as_standby
 from rlkube.launch.signals import stop_on_signals
 from rlkube.launch.termination import write_termination_message
@@ -70,6 +71,7 @@ def _pod_placement(env: PodEnv) -> TrainPlacement | None:
 def main(args: argparse.Namespace | None = None) -> int:
     if not die_with_supervisor(os.environ):
         return 143
+    keep_large_buffers_in_heap()  # before any thread starts allocating fragments' buffers
     if not wait_as_standby(os.environ, _warm_up):  # rlkube run --standby: not needed after all
         return 143
     try:
