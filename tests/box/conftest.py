@@ -106,13 +106,55 @@ def box(real_cluster: RealCluster) -> Iterator[Box]:
     started.stop_watches()
 
 
+FAILED = pytest.StashKey[bool]()
+#: How much of each container log a failed test prints (its last lines).
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
 @pytest.fixture
-def k(box: Box) -> Iterator[Kubectl]:
-    """A namespace of the test's own, deleted (without waiting) after it: its pods stop."""
+def k(box: Box, request: pytest.FixtureRequest) -> Iterator[Kubectl]:
+    """A namespace of the test's own, deleted (without waiting) after it: its pods stop.
+
+    A failed test first prints what the namespace held: its RLJobs' status, its pods, and the
+    last lines of every container start's log (what a user would look at with kubectl).
+    """
     name = f"b{next(_COUNTER)}"
     new_namespace(box.cluster.plane, name)
-    yield Kubectl(box.cluster.plane, name)
+    kubectl = Kubectl(box.cluster.plane, name)
+    yield kubectl
+    if request.node.stash.get(FAILED, False):
+        print(describe_namespace(box, kubectl))
     delete_namespace(box.cluster.kubeconfig, name)
+
+
+def describe_namespace(box: Box, k: Kubectl) -> str:
+    """The namespace's RLJobs (status), pods (phase, restarts) and container logs' last lines."""
+    lines = [f"--- namespace {k.namespace} after the failure"]
+    for job in listed(k, "rlj"):
+        lines.append(f"RLJob {job['metadata']['name']} status:")
+        lines.append(yaml.safe_dump(job.get("status", {}), sort_keys=False).rstrip())
+    for pod in listed(k, "pod"):
+        status = pod.get("status", {})
+        restarts = [c.get("restartCount", 0) for c in status.get("containerStatuses") or []]
+        lines.append(f"pod {pod['metadata']['name']}: {status.get('phase')}, restarts {restarts}")
+    for log in sorted(box.workdir.glob(f"nodes/*/logs/{k.namespace}_*/*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        lines.append(f"--- {log.parent.name}/{log.name} (last {len(tail)} lines)")
+        lines.extend(tail)
+    return "\n".join(lines)
+
+
+def listed(k: Kubectl, kind: str) -> list[dict[str, Any]]:
+    result = k("get", kind, "-o", "json", check=False)
+    return list(json.loads(result.stdout).get("items", [])) if result.returncode == 0 else []
 
 
 def alive(pid: int) -> bool:

@@ -75,9 +75,13 @@ def _open(
     name = f"rlkube/{uuid.uuid4().hex}"
     store.set(OPEN_KEY, name)
     logger.info("rendezvous %s open on port %d for %d ranks", name, port, world_size)
-    _wait_for_key(store, f"{name}/all", deadline, stop, what=f"the other {world_size - 1} train ranks")
+    _wait_for_key(store, f"{name}/all", deadline, stop, what=_others(world_size))
     store.delete_key(OPEN_KEY)  # a rank that starts from now on waits for the next rank 0
     return store, name
+
+
+def _others(world_size: int) -> str:
+    return "train rank 1 to join" if world_size == 2 else f"train ranks 1-{world_size - 1} to join"
 
 
 def _join(
