@@ -5,7 +5,9 @@ starts, ``--evaluators`` eval workers) in each variant, interleaved per seed in 
 
 * ``sync``: the sync engine (every fragment from the newest weights);
 * ``drop``: ``engine: async``, ``staleFragments: drop`` at ``--staleness`` (older fragments dropped);
-* ``vtrace``: ``engine: async``, ``staleFragments: vtrace`` at the same bound (corrected, none dropped).
+* ``vtrace``: ``engine: async``, ``staleFragments: vtrace`` at the same bound (corrected, none dropped);
+* ``vtrace-behaviour``: the same with ``vtraceClipAnchor: behaviour`` (the clipped ratio against
+  the behaviour policy, as RLightning's ``ppo_vtrace``, instead of the learner's).
 
 Printed per variant: env steps to ``train.targetReturn`` *trained on* (what the tracker counts)
 and *collected* (trained plus dropped: what the envs paid for), wall seconds of the run (process
@@ -20,23 +22,26 @@ import statistics
 from collections.abc import Sequence
 
 from rlkube.jobfile import load_job
-from rlkube.spec import Engine, RLJob, StaleFragments
+from rlkube.spec import Engine, RLJob, StaleFragments, VtraceClipAnchor
 
 from benchmarks.learn.cluster_side import run_rlkube_cluster
 from benchmarks.learn.curve import Curve
 from benchmarks.learn.run import interleaved
 
-VARIANTS: dict[str, tuple[Engine, StaleFragments]] = {
-    "sync": (Engine.SYNC, StaleFragments.DROP),
-    "drop": (Engine.ASYNC, StaleFragments.DROP),
-    "vtrace": (Engine.ASYNC, StaleFragments.VTRACE),
+VARIANTS: dict[str, tuple[Engine, StaleFragments, VtraceClipAnchor]] = {
+    "sync": (Engine.SYNC, StaleFragments.DROP, VtraceClipAnchor.LEARNER),
+    "drop": (Engine.ASYNC, StaleFragments.DROP, VtraceClipAnchor.LEARNER),
+    "vtrace": (Engine.ASYNC, StaleFragments.VTRACE, VtraceClipAnchor.LEARNER),
+    "vtrace-behaviour": (Engine.ASYNC, StaleFragments.VTRACE, VtraceClipAnchor.BEHAVIOUR),
 }
 
 
 def variant(job: RLJob, name: str, *, staleness: int) -> RLJob:
-    engine, stale = VARIANTS[name]
+    engine, stale, anchor = VARIANTS[name]
     spec = job.spec
-    train = spec.train.model_copy(update={"max_staleness": staleness, "stale_fragments": stale})
+    train = spec.train.model_copy(
+        update={"max_staleness": staleness, "stale_fragments": stale, "vtrace_clip_anchor": anchor}
+    )
     updated = spec.model_copy(update={"engine": engine, "train": train})
     return RLJob.model_validate(job.model_copy(update={"spec": updated}).model_dump(by_alias=True))
 
@@ -62,7 +67,7 @@ def report(job: RLJob, staleness: int, evaluators: int | None, curves: dict[str,
         f"{job.name} ({job.spec.env.id}) as a local cluster, {evaluators or job.spec.evaluator.replicas} "
         f"eval workers, maxStaleness {staleness}, target {job.spec.train.target_return}",
         "",
-        f"{'variant':>8}{'trained steps to target':>34}{'collected steps to target':>34}"
+        f"{'variant':>16}{'trained steps to target':>34}{'collected steps to target':>34}"
         f"{'wall s':>9}{'used':>7}{'corrected':>11}  lags",
     ]
     for name, runs in curves.items():
@@ -74,7 +79,7 @@ def report(job: RLJob, staleness: int, evaluators: int | None, curves: dict[str,
             for lag, count in (c.summary.get("lag_distribution") or {}).items():
                 lags[lag] = lags.get(lag, 0) + int(count)
         lines.append(
-            f"{name:>8}{median_text([c.steps_to_target for c in runs]):>34}"
+            f"{name:>16}{median_text([c.steps_to_target for c in runs]):>34}"
             f"{median_text([collected_to_target(c) for c in runs]):>34}"
             f"{walls:>9.1f}{used:>7.2f}{corrected:>11}  {dict(sorted(lags.items())) or '-'}"
         )
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlkube bench stale", description=__doc__.splitlines()[0])
     parser.add_argument("job", nargs="?", default="examples/cartpole.yaml")
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300_000, help="env step budget per run")
     parser.add_argument("--staleness", type=int, default=0, help="train.maxStaleness of the async variants")
     parser.add_argument("--evaluators", type=int, default=None)
@@ -97,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--variants: unknown {unknown} (known: {sorted(VARIANTS)})")
     curves: dict[str, list[Curve]] = {name: [] for name in names}
-    for seed in range(1, args.seeds + 1):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for name in interleaved(names, seed):
             run = variant(job, name, staleness=args.staleness)
             curve = run_rlkube_cluster(
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             curves[name].append(curve)
             print(
-                f"  {name:>8} seed {seed}: to target {curve.steps_to_target}, {curve.wall_seconds:.1f} s, "
+                f"  {name:>16} seed {seed}: to target {curve.steps_to_target}, {curve.wall_seconds:.1f} s, "
                 f"used {curve.summary.get('fragments_used_share', 1.0)}",
                 flush=True,
             )

@@ -104,3 +104,36 @@ def test_a_batch_without_lags_trains_exactly_as_before() -> None:
     assert torch.allclose(policy.dataset["advantages"].reshape(2, 6), adv, atol=1e-6)
     assert torch.allclose(policy.dataset["returns"].reshape(2, 6), ret, atol=1e-6)
     assert "charts/vtrace_rows" not in policy.pop_metrics()
+
+
+def anchors(policy: PPO, data: TensorDict) -> torch.Tensor:
+    """The log-probs the clipped ratio of each row is taken against, ``[rows, T]``."""
+    policy.update_dataset(data)
+    return policy.dataset["logprobs"].reshape(data.batch_size)
+
+
+def learner_log_probs(policy: PPO, data: TensorDict) -> torch.Tensor:
+    rows, steps = data.batch_size
+    with torch.no_grad():
+        obs = data["observation"].reshape(rows * steps, 4)
+        _, log_prob, _, _ = cast(ActorCritic, policy.model)(obs, data["action"].reshape(-1))
+    return log_prob.reshape(rows, steps)
+
+
+def test_a_stale_rows_ratio_starts_at_one_against_the_learner_and_fresh_rows_keep_the_behaviours() -> None:
+    policy = trainer()  # vtraceClipAnchor: learner, the default
+    data = fragment_rows([0, 2, 0, 1])
+    got = anchors(policy, data)
+    learner = learner_log_probs(policy, data)
+    for row, stale in enumerate([False, True, False, True]):
+        assert torch.allclose(got[row], learner[row] if stale else data["log_prob"][row], atol=1e-6)
+    assert not torch.allclose(learner[1], data["log_prob"][1])  # the two anchors differ here
+    # The advantages are V-trace's either way: rho_t is the importance weight, counted once.
+    _, _, _, pg = expected(policy, data, rho_bar=1.0, c_bar=1.0)
+    assert torch.allclose(policy.dataset["advantages"].reshape(4, 6)[1], pg[1], atol=1e-5)
+
+
+def test_the_behaviour_anchor_takes_every_rows_ratio_against_the_policy_that_collected_it() -> None:
+    policy = trainer(vtraceClipAnchor="behaviour")
+    data = fragment_rows([0, 2, 0, 1])
+    assert torch.equal(anchors(policy, data), data["log_prob"].float())

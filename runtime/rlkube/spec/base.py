@@ -49,6 +49,13 @@ class StaleFragments(StrEnum):
     VTRACE = "vtrace"  # trained on, corrected with V-trace (rlkube.policy.utils.vtrace)
 
 
+class VtraceClipAnchor(StrEnum):
+    """What the built-in PPO's clipped ratio of a stale row is taken against (``staleFragments: vtrace``)."""
+
+    LEARNER = "learner"  # the learner's policy when the update began: a whole trust region per update
+    BEHAVIOUR = "behaviour"  # the policy that collected the row, as RLightning's ppo_vtrace
+
+
 class RolloutMode(StrEnum):
     """How an EVAL policy's ``rollout_step`` is called: plain call or awaited coroutine."""
 

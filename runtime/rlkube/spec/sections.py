@@ -25,6 +25,7 @@ from rlkube.spec.base import (
     PositiveInt,
     RolloutMode,
     StaleFragments,
+    VtraceClipAnchor,
     WandbMode,
     WeightBufferType,
     WeightStrategy,
@@ -259,6 +260,13 @@ class TrainSpec(_Model):
     )
     vtrace_c_clip: float = Field(
         1.0, gt=0.0, description="V-trace c-bar: clip of the trace coefficients (IMPALA)."
+    )
+    vtrace_clip_anchor: VtraceClipAnchor = Field(
+        VtraceClipAnchor.LEARNER,
+        description="built-in PPO with staleFragments vtrace: the clipped ratio of a stale row is "
+        "taken against the learner's policy when the update began (learner: the update may move "
+        "the policy a whole clip range, as on fresh rows) or against the policy that collected it "
+        "(behaviour, as RLightning's ppo_vtrace).",
     )
     target_return: float | None = Field(
         None, description="Stop early once the mean of the last 20 episode returns reaches this."

@@ -51,7 +51,7 @@ from rlkube.policy.builtin.ppo_math import clipped_surrogate, explained_variance
 from rlkube.policy.builtin.ppo_vtrace import correct_stale_rows
 from rlkube.policy.builtin.running_stats import RunningObsNorm
 from rlkube.policy.registry import POLICIES
-from rlkube.spec import BufferType
+from rlkube.spec import BufferType, VtraceClipAnchor
 
 #: The fragment field of ``observationStats: perStep``: the observation as the acting policy
 #: normalised it (statistics merged up to and including it).
@@ -171,13 +171,16 @@ class PPO(BasePolicy):
             gamma=self.algo.gamma,
             gae_lambda=self.algo.gae_lambda,
         )
+        anchor_log_prob = data["log_prob"].float()  # what the clipped ratio is taken against
         if POLICY_LAG in data:  # async engine, staleFragments vtrace: see ppo_vtrace
-            advantages, returns = self._correct_stale(data, values, next_values, advantages, returns)
+            advantages, returns, anchor_log_prob = self._correct_stale(
+                data, values, next_values, advantages, returns
+            )
         self.dataset = TensorDict(
             {
                 "obs": flat_obs,
                 "actions": data["action"].reshape(rows * steps, *data["action"].shape[2:]),
-                "logprobs": data["log_prob"].reshape(-1).float(),
+                "logprobs": anchor_log_prob.reshape(-1),
                 "advantages": advantages.reshape(-1),
                 "returns": returns.reshape(-1),
                 "values": values.reshape(-1),
@@ -215,7 +218,7 @@ class PPO(BasePolicy):
         next_values: torch.Tensor,
         advantages: torch.Tensor,
         returns: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         train = getattr(self, "train_config", None)
         corrected = correct_stale_rows(
             cast(ActorCritic, unwrap(self.model)),
@@ -228,11 +231,12 @@ class PPO(BasePolicy):
             gae_lambda=self.algo.gae_lambda,
             rho_bar=float(getattr(train, "vtrace_rho_clip", 1.0)),
             c_bar=float(getattr(train, "vtrace_c_clip", 1.0)),
+            anchor=VtraceClipAnchor(getattr(train, "vtrace_clip_anchor", VtraceClipAnchor.LEARNER)),
         )
         self.log_metric("charts/vtrace_rows", float(corrected.stale_rows))
         if corrected.mean_clipped_rho is not None:
             self.log_metric("charts/vtrace_mean_clipped_rho", corrected.mean_clipped_rho)
-        return corrected.advantages, corrected.returns
+        return corrected.advantages, corrected.returns, corrected.anchor_log_prob
 
     def minibatch_size(self) -> int:
         """This rank's minibatch: the global ``spec.train.batchSize`` split over the ranks."""
