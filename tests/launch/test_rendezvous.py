@@ -11,6 +11,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import IO
 
 import pytest
 from rlkube.engine.trainer import Stopped
@@ -58,7 +59,7 @@ class Rank:
             threading.Thread(target=self._read, args=(stream, lines), daemon=True).start()
 
     @staticmethod
-    def _read(stream, lines: queue.Queue[str]) -> None:  # type: ignore[no-untyped-def]
+    def _read(stream: IO[str], lines: queue.Queue[str]) -> None:
         for line in stream:
             lines.put(line.rstrip("\n"))
 
@@ -116,29 +117,26 @@ def test_a_restarted_rank_waits_out_the_rank_0_it_lost_and_joins_its_successor(r
     assert second[0][0] != first[0][0]  # a rendezvous of its own, not the old group's keys
 
 
+def join_alone(rank: int, world_size: int, *, timeout: timedelta, stop: threading.Event) -> str:
+    """``rank`` joining on a free port, with no other rank ever coming."""
+    return join_process_group(
+        backend="gloo",
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        stop=stop,
+    )
+
+
 def test_a_rank_asked_to_stop_while_waiting_for_rank_0_stops() -> None:
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
     with pytest.raises(Stopped, match=r"rank 0 at 127\.0\.0\.1"):
-        join_process_group(
-            backend="gloo",
-            master_addr="127.0.0.1",
-            master_port=free_port(),
-            rank=1,
-            world_size=2,
-            timeout=timedelta(minutes=10),
-            stop=stop,
-        )
+        join_alone(1, 2, timeout=timedelta(minutes=10), stop=stop)
 
 
 def test_rank_0_names_what_it_waited_for_when_the_other_ranks_never_come() -> None:
     with pytest.raises(RendezvousTimeout, match="train ranks 1-2 to join"):
-        join_process_group(
-            backend="gloo",
-            master_addr="127.0.0.1",
-            master_port=free_port(),
-            rank=0,
-            world_size=3,
-            timeout=timedelta(seconds=1),
-            stop=threading.Event(),
-        )
+        join_alone(0, 3, timeout=timedelta(seconds=1), stop=threading.Event())

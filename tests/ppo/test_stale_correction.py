@@ -44,14 +44,20 @@ def fragment_rows(lags: list[int], steps: int = 6) -> TensorDict:
     )
 
 
+def learner_log_probs(policy: PPO, data: TensorDict) -> torch.Tensor:
+    rows, steps = data.batch_size
+    with torch.no_grad():
+        obs = data["observation"].reshape(rows * steps, 4)
+        _, log_prob, _, _ = cast(ActorCritic, policy.model)(obs, data["action"].reshape(-1))
+    return log_prob.reshape(rows, steps)
+
+
 def expected(policy: PPO, data: TensorDict, *, rho_bar: float, c_bar: float) -> tuple[torch.Tensor, ...]:
     model = cast(ActorCritic, policy.model)
     rows, steps = data.batch_size
     with torch.no_grad():
-        obs = data["observation"].reshape(rows * steps, 4)
-        values = model.value(obs).reshape(rows, steps)
+        values = model.value(data["observation"].reshape(rows * steps, 4)).reshape(rows, steps)
         next_values = model.value(data["next_observation"].reshape(rows * steps, 4)).reshape(rows, steps)
-        _, log_prob, _, _ = model(obs, data["action"].reshape(-1))
     terminated, truncated = data["terminated"], data["truncated"]
     algo = policy.algo
     adv, ret = gae(
@@ -68,7 +74,7 @@ def expected(policy: PPO, data: TensorDict, *, rho_bar: float, c_bar: float) -> 
         values,
         next_values,
         terminated | truncated,
-        log_prob.reshape(rows, steps) - data["log_prob"],
+        learner_log_probs(policy, data) - data["log_prob"],
         algo.gamma,
         rho_bar,
         c_bar,
@@ -110,14 +116,6 @@ def anchors(policy: PPO, data: TensorDict) -> torch.Tensor:
     """The log-probs the clipped ratio of each row is taken against, ``[rows, T]``."""
     policy.update_dataset(data)
     return policy.dataset["logprobs"].reshape(data.batch_size)
-
-
-def learner_log_probs(policy: PPO, data: TensorDict) -> torch.Tensor:
-    rows, steps = data.batch_size
-    with torch.no_grad():
-        obs = data["observation"].reshape(rows * steps, 4)
-        _, log_prob, _, _ = cast(ActorCritic, policy.model)(obs, data["action"].reshape(-1))
-    return log_prob.reshape(rows, steps)
 
 
 def test_a_stale_rows_ratio_starts_at_one_against_the_learner_and_fresh_rows_keep_the_behaviours() -> None:

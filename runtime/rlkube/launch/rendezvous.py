@@ -108,8 +108,7 @@ def _connect(
 ) -> dist.TCPStore:
     """A client of rank 0's store, once one serves (torch retries refused connections itself)."""
     while True:
-        _check(deadline, stop, what=what)
-        left = deadline - time.monotonic()
+        left = _check(deadline, stop, what=what)
         attempt = timedelta(seconds=max(1.0, min(CONNECT_ATTEMPT.total_seconds(), left)))
         try:
             return dist.TCPStore(
@@ -122,15 +121,13 @@ def _connect(
 def _wait_for_key(
     store: dist.TCPStore, key: str, deadline: float, stop: threading.Event, *, what: str
 ) -> None:
-    """Until ``key`` is set; a lost connection raises ``DistNetworkError``, the deadline ours."""
+    """Until ``key`` is set; a lost connection raises ``DistNetworkError`` (not a ``DistStoreError``)."""
     logged = False
     while True:
         left = _check(deadline, stop, what=what)
         try:
             store.wait([key], min(POLL, timedelta(seconds=left)))
             return
-        except dist.DistNetworkError:
-            raise
         except dist.DistStoreError:  # this poll's timeout: the store answers, the key is not there yet
             if not logged:
                 logger.info("waiting for %s", what)

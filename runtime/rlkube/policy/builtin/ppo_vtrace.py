@@ -73,7 +73,7 @@ def correct_stale_rows(
     actions = rows["action"].reshape(count * steps, *rows["action"].shape[2:])
     _, log_prob, _, _ = model(obs, actions)
     learner_log_prob = log_prob.reshape(count, steps).float()
-    log_rhos = learner_log_prob - rows["log_prob"].reshape(count, steps).float()
+    log_rhos = learner_log_prob - behaviour[stale]
     terminated, truncated = rows[TERMINATED].bool(), rows[TRUNCATED].bool()
     vs, pg_advantages = vtrace_correction(
         rows[REWARD],
@@ -91,7 +91,8 @@ def correct_stale_rows(
     advantages[stale] = pg_advantages
     returns[stale] = vs
     mean_rho = float(torch.clamp(log_rhos.exp(), max=rho_bar).mean())
-    anchor_log_prob = behaviour.clone()
-    if anchor is VtraceClipAnchor.LEARNER:
-        anchor_log_prob[stale] = learner_log_prob
+    if anchor is VtraceClipAnchor.BEHAVIOUR:
+        return Corrected(advantages, returns, behaviour, count, mean_rho)
+    anchor_log_prob = behaviour.clone()  # (float() of float32 log-probs is the fragment's own tensor)
+    anchor_log_prob[stale] = learner_log_prob
     return Corrected(advantages, returns, anchor_log_prob, count, mean_rho)
